@@ -1,0 +1,28 @@
+"""django-redislock: correct, fast, observable distributed locks on Redis for Django and Celery."""
+
+from django_redislock.decorators import distributed_lock
+from django_redislock.exceptions import (
+    LockBackendError,
+    LockError,
+    LockLostError,
+    LockNotAcquiredError,
+    LockNotOwnedError,
+)
+from django_redislock.lock import Lock
+from django_redislock.operations import LockInfo, force_release, get_lock_info, list_locks
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Lock",
+    "LockBackendError",
+    "LockError",
+    "LockInfo",
+    "LockLostError",
+    "LockNotAcquiredError",
+    "LockNotOwnedError",
+    "distributed_lock",
+    "force_release",
+    "get_lock_info",
+    "list_locks",
+]

@@ -1,0 +1,85 @@
+"""Shared fixtures: every test talks to a real ``redis-server`` (see ``tests/redis_server.py``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+
+from tests.redis_server import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def redis_client() -> Iterator[redis.Redis]:
+    """A raw client on the locks' database, for looking behind the package's back."""
+    client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+    yield client
+    client.close()
+
+
+@pytest.fixture(autouse=True)
+def _flush_lock_db() -> Iterator[None]:
+    """Every test starts with an empty lock database (broker/result DBs are left alone)."""
+    client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+    client.flushdb()
+    yield
+    client.close()
+
+
+@pytest.fixture
+def redis_factory() -> Iterator[type[RedisServer]]:
+    """Start dedicated servers that a fault test may kill, pause or restart.
+
+    Every server started through the fixture is stopped by PID at the end of the test.
+    """
+    started: list[RedisServer] = []
+
+    class _Tracked(RedisServer):
+        def start(self, timeout: float = 10.0) -> RedisServer:
+            if self not in started:
+                started.append(self)
+            return super().start(timeout)
+
+    yield _Tracked
+    for server in started:
+        server.__exit__()
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for child Python processes: same Redis, same settings, repo importable."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+    env["REDISLOCK_TEST_REDIS_URL"] = os.environ["REDISLOCK_TEST_REDIS_URL"]
+    env.update(extra)
+    return env
+
+
+def start_holder(name: str, *args: str, **env: str) -> tuple[subprocess.Popen[str], dict[str, object]]:
+    """Run ``tests/holder.py`` in a child process and wait until it holds ``name``.
+
+    Returns the process and the JSON line it printed once the lock was acquired.
+    """
+    import json
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.holder", name, *args],
+        cwd=ROOT,
+        env=subprocess_env(**env),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(10)
+        raise RuntimeError(f"holder for {name!r} exited with {proc.returncode} before acquiring")
+    return proc, json.loads(line)

@@ -1,0 +1,104 @@
+"""Django settings for the test-suite: real Redis, started on import if none is given."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.redis_server import session_server  # noqa: E402
+
+REDIS_URL = session_server()
+
+SECRET_KEY = "django-redislock-tests"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_redislock",
+    "tests.testapp",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.locale.LocaleMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("REDISLOCK_TEST_DB", str(Path(__file__).parent / "test.sqlite3")),
+        "TEST": {"NAME": os.environ.get("REDISLOCK_TEST_DB_TEST")},
+    }
+}
+
+STATIC_URL = "/static/"
+
+_TIMEOUTS = {"SOCKET_CONNECT_TIMEOUT": 2, "SOCKET_TIMEOUT": 5}
+
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": f"{REDIS_URL}/0",
+        "OPTIONS": dict(_TIMEOUTS),
+    },
+    # Same database, another site: its locks must be invisible to "default".
+    "site2": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": f"{REDIS_URL}/0",
+        "KEY_PREFIX": "site2",
+        "OPTIONS": dict(_TIMEOUTS),
+    },
+    # Django's own Redis backend.
+    "builtin": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": f"{REDIS_URL}/0",
+        "KEY_PREFIX": "builtin",
+        "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 5},
+    },
+    "locmem": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+}
+
+REDISLOCK: dict[str, object] = {}
+
+CELERY_BROKER_URL = f"{REDIS_URL}/1"
+CELERY_RESULT_BACKEND = f"{REDIS_URL}/2"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_redislock": {"handlers": ["console"], "level": "WARNING"}},
+}
