@@ -153,11 +153,12 @@ def get_client(using: str | None = None) -> Redis:
 def cache_key_prefix(using: str | None = None) -> str:
     from django.conf import settings
 
-    return str(settings.CACHES.get(_alias(using), {}).get("KEY_PREFIX") or "")
+    config: dict[str, Any] = dict(settings.CACHES).get(_alias(using)) or {}
+    return str(config.get("KEY_PREFIX") or "")
 
 
 def keyspace(using: str | None = None) -> KeySpace:
-    """Key layout for the alias: ``<cache KEY_PREFIX>:<REDISLOCK KEY_PREFIX>`` (or the latter alone)."""
+    """Keys for the alias: ``<cache KEY_PREFIX>:<REDISLOCK KEY_PREFIX>`` (or the latter alone)."""
     own = get_settings().key_prefix
     site = cache_key_prefix(using)
     return KeySpace(f"{site}:{own}" if site else own)
@@ -182,7 +183,7 @@ def backend_errors(action: str) -> Iterator[None]:
         raise LockBackendError(f"Redis answered an error while trying to {action}: {exc}") from exc
 
 
-def blocking_pop(client: Redis, key: str, timeout: float) -> bytes | None:
+def blocking_pop(client: Redis, key: str, timeout: float) -> bytes | str | None:
     """``BLPOP`` one value, waiting at most ``timeout`` seconds (> 0); ``None`` on timeout."""
     result = client.blpop([key], timeout=timeout)
     return None if result is None else result[1]
@@ -213,8 +214,9 @@ def lock_exists(client: Redis, key: str) -> bool:
     return bool(client.exists(key))
 
 
-def scan_lock_keys(client: Redis, pattern: str, *, cursor: int = 0, count: int = 500
-                   ) -> tuple[int, list[str]]:
+def scan_lock_keys(
+    client: Redis, pattern: str, *, cursor: int = 0, count: int = 500
+) -> tuple[int, list[str]]:
     """One ``SCAN`` step (never ``KEYS``): the next cursor (0 = done) and the keys it returned."""
     next_cursor, keys = client.scan(cursor=cursor, match=pattern, count=count)
     return int(next_cursor), [k.decode() if isinstance(k, bytes) else k for k in keys]

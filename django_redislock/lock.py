@@ -242,11 +242,6 @@ class Lock:
                 wait = min(self._wait_span(deadline, holder_left), entry_lease - _ENTRY_MARGIN)
                 if sock_timeout is not None:
                     wait = min(wait, sock_timeout - _SOCKET_MARGIN)
-                if deadline is not None and time.monotonic() >= deadline:
-                    token = self._cancel(client, keys, waiter, entry)
-                    if token:
-                        return self._acquired(client, lock_key, owner, token, 1, started, True)
-                    return self._failed(started)
                 if wait >= 0.001:
                     with redis_client.backend_errors(f"wait for lock {self.name!r}"):
                         handed = redis_client.blocking_pop(client, key_list[3], wait)
@@ -254,6 +249,12 @@ class Lock:
                         entry = ""
                         return self._acquired(client, lock_key, owner, int(handed), 1, started,
                                               True)
+                if deadline is not None and time.monotonic() >= deadline:
+                    token = self._cancel(client, keys, waiter, entry)
+                    entry = ""
+                    if token:
+                        return self._acquired(client, lock_key, owner, token, 1, started, True)
+                    return self._failed(started)
         except BaseException:
             if entry:
                 self._abandon_wait(client, keys, waiter, entry, lock_key, owner)

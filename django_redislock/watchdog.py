@@ -39,7 +39,7 @@ RETRY_AFTER = 1.0
 
 @dataclass(eq=False)
 class Hold:
-    """What this process knows about one lock it holds (shared by ``Lock`` objects of that owner)."""
+    """What this process knows about one lock it holds (shared by its owner's ``Lock``s)."""
 
     client: Redis
     name: str
@@ -129,7 +129,7 @@ class Watchdog:
             for hold, result in zip(group, results, strict=True):
                 if isinstance(result, Exception):
                     # Unknown outcome: keep the hold and try again soon, before the lease runs out.
-                    logger.warning("django_redislock: could not renew lock %r: %s", hold.name, result)
+                    logger.warning("django_redislock: could not renew %r: %s", hold.name, result)
                     hold.next_renewal = now + min(RETRY_AFTER, hold.lease / 3)
                 elif int(result) == 1:
                     hold.next_renewal = now + hold.lease / 3

@@ -63,7 +63,9 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def start_holder(name: str, *args: str, **env: str) -> tuple[subprocess.Popen[str], dict[str, object]]:
+def start_holder(
+    name: str, *args: str, **env: str
+) -> tuple[subprocess.Popen[str], dict[str, object]]:
     """Run ``tests/holder.py`` in a child process and wait until it holds ``name``.
 
     Returns the process and the JSON line it printed once the lock was acquired.

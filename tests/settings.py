@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.redis_server import session_server  # noqa: E402
+from tests.redis_server import session_server
 
 REDIS_URL = session_server()
 

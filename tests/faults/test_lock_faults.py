@@ -1,0 +1,143 @@
+"""Crashes, restarts and hangs: dedicated redis-servers and child processes that get killed."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+from django.test import override_settings
+
+from django_redislock import Lock, LockBackendError, list_locks
+from django_redislock.client import get_client
+from tests.conftest import start_holder
+
+SOCKET_TIMEOUT = 1.0
+
+
+def fault_caches(server) -> dict:
+    from django.conf import settings
+
+    return {**settings.CACHES, "fault": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": f"{server.url}/0",
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": SOCKET_TIMEOUT, "SOCKET_TIMEOUT": SOCKET_TIMEOUT},
+    }}
+
+
+@pytest.fixture
+def fault_server(redis_factory):
+    server = redis_factory().start()
+    with override_settings(CACHES=fault_caches(server), REDISLOCK={"CACHE": "fault"}):
+        yield server
+
+
+def test_sigkilled_holder_frees_the_lock_within_its_lease():
+    timeout = 1.0
+    proc, _ = start_holder("victim", "--timeout", str(timeout))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = time.monotonic()
+    assert Lock("victim", timeout=5).acquire(blocking_timeout=timeout + 3)
+    assert time.monotonic() - killed_at < timeout + 1
+
+
+def test_holder_in_another_process_keeps_its_lock_for_three_leases():
+    proc, held = start_holder("keeper", "--timeout", "0.5", "--hold", "1.6")
+    try:
+        time.sleep(1.4)
+        infos = list(list_locks(match="keeper"))
+        assert [i.fencing_token for i in infos] == [held["token"]]
+        assert Lock("keeper").acquire(blocking=False) is False
+        assert proc.stdout is not None
+        assert '"lost": false' in proc.stdout.readline()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_tokens_increase_across_processes():
+    tokens = []
+    for _ in range(3):
+        proc, held = start_holder("multi", "--timeout", "5", "--hold", "0")
+        tokens.append(held["token"])
+        proc.wait(20)
+    lock = Lock("multi", timeout=5)
+    lock.acquire()
+    tokens.append(lock.fencing_token)
+    lock.release()
+    assert tokens == sorted(set(tokens))
+
+
+def test_stopped_redis_raises_backend_error_quickly(fault_server):
+    fault_server.stop()
+    start = time.monotonic()
+    with pytest.raises(LockBackendError) as err:
+        Lock("down").acquire()
+    assert time.monotonic() - start < 5 * SOCKET_TIMEOUT
+    assert err.value.__cause__ is not None
+
+
+def test_hung_redis_raises_within_the_socket_timeout(fault_server):
+    get_client().ping()  # connection established before the hang
+    fault_server.pause()
+    try:
+        start = time.monotonic()
+        with pytest.raises(LockBackendError):
+            Lock("hung").acquire()
+        elapsed = time.monotonic() - start
+    finally:
+        fault_server.resume()
+    assert elapsed < 5 * SOCKET_TIMEOUT
+
+
+def test_protected_code_never_runs_without_the_lock(fault_server):
+    from django_redislock import distributed_lock
+
+    ran = []
+
+    @distributed_lock("guarded")
+    def job():
+        ran.append(1)
+
+    fault_server.stop()
+    with pytest.raises(LockBackendError):
+        job()
+    assert ran == []
+
+
+def test_restarted_redis_reloads_the_scripts(fault_server):
+    lock = Lock("restart", timeout=5, auto_renew=False)
+    lock.acquire()
+    lock.release()
+    fault_server.restart()  # script cache is empty now (NOSCRIPT)
+    deadline = time.monotonic() + 5
+    while True:  # the pool may need a reconnect attempt first
+        try:
+            assert lock.acquire()
+            break
+        except LockBackendError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert lock.owned()
+    lock.release()
+
+
+def test_lock_lost_in_a_restart_is_reported(fault_server):
+    lost = threading.Event()
+    from django_redislock.signals import lock_lost
+
+    def on_lost(sender, name, **kwargs):
+        if name == "wiped":
+            lost.set()
+
+    lock_lost.connect(on_lost)
+    try:
+        lock = Lock("wiped", timeout=0.6)
+        lock.acquire()
+        fault_server.restart()
+        assert lost.wait(5)
+        assert lock.lost
+    finally:
+        lock_lost.disconnect(on_lost)

@@ -1,0 +1,440 @@
+"""Behaviour of ``Lock`` against a real redis-server, one contract line per test."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from django_redislock import (
+    Lock,
+    LockLostError,
+    LockNotAcquiredError,
+    LockNotOwnedError,
+    force_release,
+    get_lock_info,
+)
+from django_redislock.client import keyspace
+
+
+def in_thread(fn, *args):
+    """Run ``fn`` in another thread (another owner) and return its result."""
+    out: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn(*args)
+        except BaseException as exc:  # pragma: no cover - surfaced below
+            out["error"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(30)
+    if "error" in out:
+        raise out["error"]  # type: ignore[misc]
+    return out["value"]
+
+
+def lock_key(name: str) -> str:
+    return keyspace().lock(name)
+
+
+# -- construction -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", [None, 1, b"bytes", ["x"]])
+def test_non_str_name_is_a_type_error(name):
+    with pytest.raises(TypeError):
+        Lock(name)
+
+
+def test_empty_name_is_a_value_error():
+    with pytest.raises(ValueError):
+        Lock("")
+
+
+def test_negative_timeout_is_a_value_error():
+    with pytest.raises(ValueError):
+        Lock("x", timeout=-1)
+    with pytest.raises(ValueError):
+        Lock("x", blocking_timeout=-0.5)
+
+
+def test_non_numeric_timeout_is_a_type_error():
+    with pytest.raises(TypeError):
+        Lock("x", timeout="10")
+
+
+def test_name_is_kept_as_given():
+    assert Lock("invoice:42").name == "invoice:42"
+
+
+# -- acquire / release --------------------------------------------------------------------------
+
+def test_acquire_and_release():
+    lock = Lock("basic", timeout=5)
+    assert lock.acquire() is True
+    assert lock.locked() and lock.owned()
+    assert lock.hold_count == 1
+    lock.release()
+    assert not lock.locked() and not lock.owned()
+    assert lock.hold_count == 0
+
+
+def test_lock_value_is_json_with_holder_metadata(redis_client):
+    with Lock("meta", timeout=5) as lock:
+        raw = redis_client.get(lock_key("meta"))
+        record = json.loads(raw)
+        assert record["o"] == lock.owner
+        assert record["t"] == lock.fencing_token
+        assert record["m"]["pid"] > 0 and record["m"]["thread"] == "MainThread"
+
+
+def test_other_thread_cannot_acquire_non_blocking():
+    with Lock("busy", timeout=5):
+        assert in_thread(lambda: Lock("busy").acquire(blocking=False)) is False
+
+
+def test_blocking_timeout_returns_false_after_the_deadline():
+    with Lock("slow", timeout=5):
+        start = time.monotonic()
+        assert in_thread(lambda: Lock("slow").acquire(blocking_timeout=0.3)) is False
+        assert 0.25 <= time.monotonic() - start < 2.0
+
+
+def test_one_deadline_covers_every_wake_up():
+    """A holder renewing its lease keeps the waiter waking up; the deadline still holds."""
+    with Lock("renewing", timeout=0.3):  # watchdog renews every 0.1 s
+        start = time.monotonic()
+        assert in_thread(lambda: Lock("renewing").acquire(blocking_timeout=1.0)) is False
+        assert 0.9 <= time.monotonic() - start < 2.0
+
+
+def test_constructor_blocking_timeout_is_the_default():
+    with Lock("ctor", timeout=5):
+        start = time.monotonic()
+        assert in_thread(lambda: Lock("ctor", blocking_timeout=0.2).acquire()) is False
+        assert time.monotonic() - start < 1.5
+
+
+def test_non_blocking_constructor_default():
+    with Lock("nb", timeout=5):
+        assert in_thread(lambda: Lock("nb", blocking=False).acquire()) is False
+
+
+def test_waiter_is_woken_by_the_release_not_by_the_lease(redis_client):
+    """Lease 30 s: a waiter that acquires within a second was woken by the release."""
+    holder = Lock("wake", timeout=30)
+    holder.acquire()
+    result: dict[str, float] = {}
+
+    def wait() -> None:
+        start = time.monotonic()
+        lock = Lock("wake", timeout=30)
+        assert lock.acquire(blocking_timeout=10)
+        result["waited"] = time.monotonic() - start
+        lock.release()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.3)
+    holder.release()
+    t.join(15)
+    assert 0.25 <= result["waited"] < 1.0
+
+
+def test_waiting_does_not_poll(redis_client):
+    """While waiting 1.5 s the waiter sends one acquire attempt and one blocking pop."""
+    holder = Lock("nopoll", timeout=30)
+    holder.acquire()
+    redis_client.config_resetstat()
+    assert in_thread(lambda: Lock("nopoll").acquire(blocking_timeout=1.5)) is False
+    stats = redis_client.info("commandstats")
+    evalsha = stats.get("cmdstat_evalsha", {}).get("calls", 0)
+    blpop = stats.get("cmdstat_blpop", {}).get("calls", 0)
+    assert evalsha <= 2  # the attempt, and the cancel at the deadline
+    assert blpop == 1
+    holder.release()
+
+
+def test_waiters_acquire_in_arrival_order():
+    holder = Lock("fifo", timeout=30)
+    holder.acquire()
+    order: list[int] = []
+    threads = []
+    for i in range(3):
+        def wait(i: int = i) -> None:
+            lock = Lock("fifo", timeout=30)
+            assert lock.acquire(blocking_timeout=20)
+            order.append(i)
+            lock.release()
+
+        t = threading.Thread(target=wait)
+        t.start()
+        threads.append(t)
+        time.sleep(0.2)
+    holder.release()
+    for t in threads:
+        t.join(20)
+    assert order == [0, 1, 2]
+
+
+def test_waiter_acquires_within_the_ttl_when_the_wake_up_is_lost(redis_client):
+    """The holder's key vanishes without a release (crash): the waiter gets it within one TTL."""
+    holder = Lock("crashed", timeout=1.0, auto_renew=False)
+    holder.acquire()
+    start = time.monotonic()
+    assert in_thread(lambda: Lock("crashed").acquire(blocking_timeout=5)) is True
+    assert time.monotonic() - start < 1.8
+
+
+def test_release_by_non_owner_raises_and_keeps_the_holders_lock():
+    holder = Lock("owned", timeout=5)
+    holder.acquire()
+
+    def steal() -> str:
+        with pytest.raises(LockNotOwnedError):
+            Lock("owned").release()
+        return "ok"
+
+    assert in_thread(steal) == "ok"
+    assert holder.owned() and holder.hold_count == 1
+    holder.release()
+
+
+def test_release_without_acquire_raises():
+    with pytest.raises(LockNotOwnedError):
+        Lock("never").release()
+
+
+def test_release_after_expiry_raises_and_keeps_the_new_holders_lock():
+    first = Lock("expiring", timeout=0.2, auto_renew=False)
+    first.acquire()
+    time.sleep(0.35)
+    second_token = in_thread(lambda: _acquire_and_keep("expiring"))
+    with pytest.raises(LockNotOwnedError):
+        first.release()
+    assert first.lost
+    info = get_lock_info("expiring")
+    assert info is not None and info.fencing_token == second_token
+
+
+def _acquire_and_keep(name: str) -> int:
+    lock = Lock(name, timeout=5)
+    assert lock.acquire(blocking=False)
+    return lock.fencing_token  # type: ignore[return-value]
+
+
+def test_release_after_force_release_raises():
+    lock = Lock("forced", timeout=5)
+    lock.acquire()
+    assert force_release("forced") is True
+    with pytest.raises(LockNotOwnedError):
+        lock.release()
+    assert lock.lost
+
+
+# -- renew ---------------------------------------------------------------------------------------
+
+def test_renew_resets_the_ttl(redis_client):
+    lock = Lock("renew", timeout=2, auto_renew=False)
+    lock.acquire()
+    time.sleep(0.5)
+    lock.renew()
+    assert redis_client.pttl(lock_key("renew")) > 1800
+    lock.release()
+
+
+def test_renew_when_not_held_raises():
+    with pytest.raises(LockNotOwnedError):
+        Lock("nothing").renew()
+
+
+# -- re-entrancy -----------------------------------------------------------------------------------
+
+def test_same_thread_nests_and_counts_holds():
+    lock = Lock("nest", timeout=5)
+    assert lock.acquire() and lock.acquire()
+    assert lock.hold_count == 2
+    token = lock.fencing_token
+    lock.release()
+    assert lock.hold_count == 1 and lock.owned()
+    assert lock.fencing_token == token
+    lock.release()
+    assert lock.hold_count == 0 and not lock.locked()
+
+
+def test_reentrant_acquisition_keeps_the_outer_token_across_objects():
+    outer = Lock("nest2", timeout=5)
+    outer.acquire()
+    inner = Lock("nest2", timeout=5)
+    assert inner.acquire(blocking=False)
+    assert inner.fencing_token == outer.fencing_token
+    assert inner.hold_count == 2
+    inner.release()
+    outer.release()
+    assert not outer.locked()
+
+
+def test_another_thread_waits_for_a_nested_lock():
+    lock = Lock("nest3", timeout=5)
+    lock.acquire()
+    lock.acquire()
+    lock.release()
+    assert in_thread(lambda: Lock("nest3").acquire(blocking=False)) is False
+    lock.release()
+    assert in_thread(lambda: _acquire_release("nest3")) is True
+
+
+def _acquire_release(name: str) -> bool:
+    lock = Lock(name, timeout=5)
+    ok = lock.acquire(blocking=False)
+    if ok:
+        lock.release()
+    return ok
+
+
+def test_non_reentrant_lock_refuses_to_nest():
+    lock = Lock("flat", timeout=5, reentrant=False)
+    lock.acquire()
+    with pytest.raises(LockNotAcquiredError):
+        lock.acquire()
+    lock.release()
+
+
+def test_explicit_owner_is_shared_across_threads():
+    lock = Lock("task-lock", timeout=5, owner="task-123")
+    lock.acquire()
+    in_thread(lambda: Lock("task-lock", owner="task-123").release())
+    assert not lock.locked()
+
+
+def test_release_all_holds():
+    lock = Lock("all", timeout=5)
+    lock.acquire()
+    lock.acquire()
+    lock.release(all_holds=True)
+    assert not lock.locked() and lock.hold_count == 0
+
+
+# -- fencing tokens --------------------------------------------------------------------------------
+
+def test_tokens_strictly_increase_across_releases_expiries_and_force_releases():
+    tokens = []
+    lock = Lock("fence", timeout=0.2, auto_renew=False)
+    lock.acquire()
+    tokens.append(lock.fencing_token)
+    lock.release()
+    lock.acquire()
+    tokens.append(lock.fencing_token)
+    time.sleep(0.3)  # expires
+    lock.acquire()
+    tokens.append(lock.fencing_token)
+    force_release("fence")
+    tokens.append(in_thread(lambda: _acquire_and_keep("fence")))
+    assert tokens == sorted(set(tokens)) and len(tokens) == 4
+
+
+def test_fencing_token_is_none_before_acquisition():
+    assert Lock("fresh").fencing_token is None
+
+
+# -- context manager and loss ----------------------------------------------------------------------
+
+def test_context_manager_raises_when_busy():
+    with Lock("cm", timeout=5):
+        def enter() -> str:
+            with pytest.raises(LockNotAcquiredError), Lock("cm", blocking=False):
+                pass
+            return "ok"
+
+        assert in_thread(enter) == "ok"
+
+
+def test_deleted_key_is_noticed_by_the_watchdog_and_raises_on_exit(redis_client):
+    with pytest.raises(LockLostError), Lock("vanish", timeout=0.6) as lock:
+        redis_client.delete(lock_key("vanish"))
+        deadline = time.monotonic() + 3
+        while not lock.lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lock.lost
+
+
+def test_loss_found_at_exit_raises_lock_lost(redis_client):
+    with pytest.raises(LockLostError), Lock("gone", timeout=5, auto_renew=False):
+        redis_client.delete(lock_key("gone"))
+
+
+def test_exception_in_block_is_not_masked_by_loss(redis_client):
+    with pytest.raises(ZeroDivisionError), Lock("both", timeout=5):
+        redis_client.delete(lock_key("both"))
+        1 / 0  # noqa: B018
+
+
+def test_watchdog_keeps_a_lock_for_three_leases():
+    with Lock("long", timeout=0.5) as lock:
+        time.sleep(1.6)
+        assert lock.owned() and not lock.lost
+    assert not lock.locked()
+
+
+def test_without_auto_renew_the_lease_runs_out():
+    lock = Lock("short", timeout=0.3, auto_renew=False)
+    lock.acquire()
+    time.sleep(0.5)
+    assert not lock.locked()
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_interrupted_wait_leaves_the_queue(redis_client):
+    """A signal handler raising mid-wait (like Ctrl-C) leaves no queue entry behind."""
+    import signal
+
+    holder_owner = "other-process"
+    holder = Lock("interrupt", timeout=30, owner=holder_owner)
+    holder.acquire()
+
+    def interrupt(signum, frame):
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    try:
+        with pytest.raises(_Interrupted):
+            Lock("interrupt", timeout=30).acquire(blocking_timeout=10)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert redis_client.llen(keyspace().queue("interrupt")) == 0
+    holder.release()
+    assert not holder.locked()
+
+
+# -- namespaces and backends -----------------------------------------------------------------------
+
+def test_cache_key_prefixes_isolate_sites(redis_client):
+    with Lock("shared-name", timeout=5, using="default"):
+        other = Lock("shared-name", timeout=5, using="site2")
+        assert in_thread(lambda: other.acquire(blocking=False)) is True
+        assert redis_client.exists("site2:redislock:lock:{shared-name}")
+        assert redis_client.exists("redislock:lock:{shared-name}")
+
+
+def test_djangos_builtin_redis_cache_is_supported(redis_client):
+    lock = Lock("builtin", timeout=5, using="builtin")
+    assert lock.acquire()
+    assert redis_client.exists("builtin:redislock:lock:{builtin}")
+    lock.release()
+    assert not lock.locked()
+
+
+def test_names_cannot_escape_the_namespace(redis_client):
+    redis_client.set("victim", "x")
+    with Lock("*", timeout=5), Lock("} victim {", timeout=5):
+        pass
+    assert redis_client.get("victim") == b"x"
+    assert all(k.startswith(b"redislock:") or k == b"victim" for k in redis_client.keys("*"))

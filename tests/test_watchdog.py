@@ -1,0 +1,81 @@
+"""The renewal thread: one per process, batched, fork-safe."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from django_redislock import Lock
+from django_redislock.watchdog import watchdog
+
+
+def watchdog_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "django-redislock-watchdog"]
+
+
+def test_many_locks_share_one_thread_and_batch_their_renewals(redis_client, monkeypatch):
+    from django_redislock import scripts
+
+    pipelines = []
+    real_run_pipeline = scripts.run_pipeline
+
+    def counting_run_pipeline(client, script, calls):  # a spy: Redis still does the work
+        pipelines.append(len(calls))
+        return real_run_pipeline(client, script, calls)
+
+    monkeypatch.setattr(scripts, "run_pipeline", counting_run_pipeline)
+    locks = [Lock(f"many:{i}", timeout=0.9) for i in range(300)]
+    for lock in locks:
+        lock.acquire()
+    redis_client.config_resetstat()
+    time.sleep(1.2)  # about four renewal intervals
+    evalsha = redis_client.info("commandstats")["cmdstat_evalsha"]
+    renewals = evalsha["calls"] - evalsha.get("failed_calls", 0)  # minus NOSCRIPT on first use
+    assert len(watchdog_threads()) == 1
+    assert renewals >= 300  # every lock was renewed at least once
+    assert sum(pipelines) == renewals
+    # One round trip (pipeline) per renewal interval per 100 locks at most.
+    assert len(pipelines) <= renewals / 100
+    assert all(lock.owned() and not lock.lost for lock in locks)
+    for lock in locks:
+        lock.release()
+    assert len(watchdog) == 0
+
+
+def test_released_lock_is_no_longer_renewed():
+    lock = Lock("released", timeout=0.3)
+    lock.acquire()
+    lock.release()
+    assert len(watchdog) == 0
+    assert not lock.locked()
+
+
+def test_watchdog_runs_in_a_forked_child():
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: hold a lock for three leases, report whether it survived
+        try:
+            lock = Lock("forked", timeout=0.3)
+            lock.acquire()
+            time.sleep(1.0)
+            ok = lock.owned() and not lock.lost and len(watchdog_threads()) == 1
+            lock.release()
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+    os.close(read)
+
+
+def test_parent_holds_are_not_renewed_by_the_child():
+    lock = Lock("parent-only", timeout=5)
+    lock.acquire()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if len(watchdog) == 0 and Lock("parent-only").hold_count == 0 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    lock.release()
