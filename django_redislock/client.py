@@ -13,7 +13,7 @@ import json
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from redis import Redis
 from redis import exceptions as redis_errors
@@ -153,7 +153,8 @@ def get_client(using: str | None = None) -> Redis:
 def cache_key_prefix(using: str | None = None) -> str:
     from django.conf import settings
 
-    config: dict[str, Any] = dict(settings.CACHES).get(_alias(using)) or {}
+    caches = cast(dict[str, dict[str, Any]], settings.CACHES)
+    config = caches.get(_alias(using)) or {}
     return str(config.get("KEY_PREFIX") or "")
 
 
