@@ -104,13 +104,15 @@ class LockRecord:
 
 
 _clients: dict[str, Redis] = {}
+_keyspaces: dict[str, KeySpace] = {}
 _clients_lock = threading.Lock()
 
 
 def reset() -> None:
-    """Forget cached clients (settings changed)."""
+    """Forget cached clients and key layouts (settings changed)."""
     with _clients_lock:
         _clients.clear()
+        _keyspaces.clear()
 
 
 def _alias(using: str | None) -> str:
@@ -160,9 +162,13 @@ def cache_key_prefix(using: str | None = None) -> str:
 
 def keyspace(using: str | None = None) -> KeySpace:
     """Keys for the alias: ``<cache KEY_PREFIX>:<REDISLOCK KEY_PREFIX>`` (or the latter alone)."""
-    own = get_settings().key_prefix
-    site = cache_key_prefix(using)
-    return KeySpace(f"{site}:{own}" if site else own)
+    alias = _alias(using)
+    space = _keyspaces.get(alias)
+    if space is None:
+        own = get_settings().key_prefix
+        site = cache_key_prefix(alias)
+        space = _keyspaces[alias] = KeySpace(f"{site}:{own}" if site else own)
+    return space
 
 
 def socket_timeout(client: Redis) -> float | None:

@@ -285,9 +285,11 @@ class Lock:
     def _acquired(self, client: Any, lock_key: str, owner: str, token: int, count: int,
                   started: float, contended: bool) -> bool:
         ident = (id(client), lock_key, owner)
+        stale = None
         with _holds_lock:
             hold = _holds.get(ident)
             if hold is None or hold.lost or count == 1:
+                stale = hold  # a hold whose lock expired unnoticed before this fresh acquisition
                 hold = Hold(client=client, name=self.name, key=lock_key, owner=owner,
                             lease=self.timeout, token=token, count=count,
                             auto_renew=self.auto_renew)
@@ -299,6 +301,8 @@ class Lock:
                 hold.lease = max(hold.lease, self.timeout)
                 fresh = False
         self._last[owner] = hold
+        if stale is not None:
+            watchdog.unregister(stale)
         if fresh and hold.auto_renew:
             watchdog.register(hold)
         if fresh:
