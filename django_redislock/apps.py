@@ -11,3 +11,6 @@ class RedisLockConfig(AppConfig):
 
     def ready(self) -> None:
         from django_redislock import checks  # noqa: F401  (registers the system checks)
+        from django_redislock import stats
+
+        stats.connect_receivers()

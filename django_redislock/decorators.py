@@ -125,9 +125,12 @@ def distributed_lock(
         if inspect.iscoroutinefunction(func):
             raise TypeError(f"distributed_lock does not support coroutine functions ({func!r}).")
         name_of = compile_key(key, func)
-        stats_name = key if isinstance(key, str) else name_of.__name__
-        if key is None:
+        if isinstance(key, str):
+            stats_name = key
+        elif key is None:
             stats_name = f"{func.__module__}.{func.__qualname__}"
+        else:
+            stats_name = f"{func.__module__}.{func.__qualname__}[{getattr(key, '__qualname__', key)}]"
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -17,6 +17,7 @@ Design in brief (the README has the long version):
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -55,6 +56,21 @@ _pid = os.getpid()
 # (client id, key, owner) -> Hold, for every lock this process holds.
 _holds: dict[tuple[int, str, str], Hold] = {}
 _holds_lock = threading.Lock()
+_waiter_seq = itertools.count()
+# (thread name, task id) -> metadata JSON; rebuilt only when a thread or task is new.
+_meta_cache: dict[tuple[str, str | None], str] = {}
+
+
+def _meta(task_id: str | None) -> str:
+    ident = (threading.current_thread().name, task_id)
+    meta = _meta_cache.get(ident)
+    if meta is None:
+        if len(_meta_cache) > 1024:
+            _meta_cache.clear()
+        meta = _meta_cache[ident] = json.dumps(
+            {"host": _HOST, "pid": _pid, "thread": ident[0], "task_id": task_id},
+            separators=(",", ":"))
+    return meta
 
 
 def _after_fork() -> None:
@@ -62,6 +78,7 @@ def _after_fork() -> None:
     _process_token = uuid.uuid4().hex[:12]
     _pid = os.getpid()
     _holds.clear()
+    _meta_cache.clear()
     _holds_lock = threading.Lock()
 
 
@@ -142,6 +159,22 @@ class Lock:
         # owner -> the last Hold this object took for that owner (kept after release/loss so
         # ``fencing_token`` and ``lost`` still answer).
         self._last: dict[str, Hold] = {}
+        self._static: tuple[Any, ...] | None = None
+
+    def _resolve(self) -> tuple[Any, ...]:
+        """(settings, client, lock key, [lock, fence, queue keys], wake prefix, lease ms), cached
+        until the settings object changes (``setting_changed`` replaces it)."""
+        settings = get_settings()
+        static = self._static
+        if static is not None and static[0] is settings:
+            return static
+        client = self._client()
+        keys = self._keys()
+        name = self.name
+        static = self._static = (settings, client, keys.lock(name),
+                                 [keys.lock(name), keys.fence(name), keys.queue(name)],
+                                 keys.wake_prefix(name), int(self.timeout * 1000))
+        return static
 
     def __repr__(self) -> str:
         return f"<Lock {self.name!r} using={self.using or get_settings().cache!r}>"
@@ -205,9 +238,8 @@ class Lock:
         started = time.monotonic()
         deadline = None if limit is None else started + limit
         owner = self.owner
-        client = self._client()
+        _settings, client, lock_key, base_keys, wake_prefix, lease_ms = self._resolve()
         keys = self._keys()
-        lock_key = keys.lock(self.name)
         if not self.reentrant:
             hold = _holds.get((id(client), lock_key, owner))
             if hold is not None and not hold.lost:
@@ -215,12 +247,9 @@ class Lock:
                     self.name, f"Lock {self.name!r} is already held by this owner and "
                     "reentrant=False: acquiring it again would deadlock."
                 )
-        lease_ms = int(self.timeout * 1000)
-        meta = json.dumps({"host": _HOST, "pid": _pid, "thread": threading.current_thread().name,
-                           "task_id": self._task_id or _current_task_id()}, separators=(",", ":"))
-        waiter = uuid.uuid4().hex if blocking and limit != 0 else ""
-        key_list = [lock_key, keys.fence(self.name), keys.queue(self.name),
-                    keys.wake(self.name, waiter) if waiter else keys.wake(self.name, "-")]
+        meta = _meta(self._task_id or _current_task_id())
+        waiter = f"{_process_token}.{next(_waiter_seq)}" if blocking and limit != 0 else ""
+        key_list = [*base_keys, wake_prefix + (waiter or "-")]
         entry = ""
         contended = False
         sock_timeout = redis_client.socket_timeout(client)
@@ -324,18 +353,14 @@ class Lock:
         hold the lock — never held, already released, expired, or force-released.
         """
         owner = self.owner
-        client = self._client()
-        keys = self._keys()
-        lock_key = keys.lock(self.name)
+        _settings, client, lock_key, base_keys, wake_prefix, _lease = self._resolve()
         ident = (id(client), lock_key, owner)
         hold = _holds.get(ident)
         if hold is not None and (all_holds or hold.count <= 1):
             watchdog.unregister(hold)  # before the script: never renew a released lock
         with redis_client.backend_errors(f"release lock {self.name!r}"):
-            left = int(scripts.RELEASE(client, [lock_key, keys.fence(self.name),
-                                                keys.queue(self.name)],
-                                       [owner, "1" if all_holds else "0",
-                                        keys.wake_prefix(self.name)]))
+            left = int(scripts.RELEASE(client, base_keys,
+                                       [owner, "1" if all_holds else "0", wake_prefix]))
         if left < 0:
             if hold is not None:
                 self._mark_lost(hold)

@@ -65,12 +65,14 @@ class Watchdog:
         self._holds: set[Hold] = set()
         self._thread: threading.Thread | None = None
         self._wake_at = float("inf")
+        self._idle_wait = 10.0  # shortest renewal interval seen, see _due()
         self.on_lost: Callable[[Hold], None] = lambda hold: None
 
     def register(self, hold: Hold) -> None:
         interval = hold.lease / 3
         hold.next_renewal = time.monotonic() + interval
         with self._cond:
+            self._idle_wait = max(0.5, min(self._idle_wait, interval))
             hold.registered = True
             self._holds.add(hold)
             if self._thread is None or not self._thread.is_alive():
@@ -103,8 +105,11 @@ class Watchdog:
                     self._wake_at = first
                     self._cond.wait(first - now)
                 else:
-                    self._wake_at = float("inf")
-                    self._cond.wait()
+                    # Idle: plan a wake-up no later than any new hold's first renewal, so that
+                    # register() need not notify (a lock taken and released in a loop would
+                    # otherwise wake this thread, and take the GIL, on every acquisition).
+                    self._wake_at = now + self._idle_wait
+                    self._cond.wait(self._idle_wait)
 
     def _run(self) -> None:
         while True:

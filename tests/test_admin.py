@@ -1,0 +1,543 @@
+"""Admin Locks pages with Django's test client, against real Redis and real lock holders."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.admin.utils import quote
+from django.contrib.auth.models import Permission
+from django.core.management import call_command
+from django.test import Client, override_settings
+from django.urls import reverse
+
+from django_redislock import Lock, LockNotOwnedError, get_lock_info, stats
+from django_redislock.admin import LockAdmin, name_glob, parse_selection
+from tests.conftest import start_holder
+
+pytestmark = pytest.mark.django_db
+
+LIST = "admin:django_redislock_lock_changelist"
+ACTION = "force_release_selected"
+
+
+def list_url(**query: str) -> str:
+    url = reverse(LIST)
+    return url + ("?" + "&".join(f"{k}={v}" for k, v in query.items()) if query else "")
+
+
+def detail_url(name: str) -> str:
+    return reverse("admin:django_redislock_lock_change", args=[quote(name)])
+
+
+@pytest.fixture
+def holders() -> Iterator[list[subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def hold(holders: list[subprocess.Popen[str]], name: str, *args: str) -> dict[str, object]:
+    """Hold ``name`` in another process (renewed by its watchdog) until the test ends."""
+    proc, info = start_holder(name, "--timeout", "10", *args)
+    holders.append(proc)
+    return info
+
+
+@pytest.fixture
+def take() -> Iterator[Callable[..., Lock]]:
+    """Acquire locks in this process (no watchdog); whatever is still held is released after."""
+    taken: list[Lock] = []
+
+    def acquire(name: str, **kwargs: object) -> Lock:
+        lock = Lock(name, auto_renew=False, **kwargs)  # type: ignore[arg-type]
+        assert lock.acquire(blocking=False)
+        taken.append(lock)
+        return lock
+
+    yield acquire
+    for lock in taken:
+        with contextlib.suppress(LockNotOwnedError):
+            lock.release(all_holds=True)
+
+
+def make_user(django_user_model, username: str, *codenames: str, staff: bool = True):
+    user = django_user_model.objects.create_user(username, password="pw", is_staff=staff)
+    for codename in codenames:
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label="django_redislock", codename=codename))
+    return user
+
+
+@pytest.fixture
+def staff(django_user_model):
+    return make_user(django_user_model, "staff")
+
+
+@pytest.fixture
+def viewer(django_user_model):
+    return make_user(django_user_model, "viewer", "view_lock")
+
+
+@pytest.fixture
+def operator(django_user_model):
+    return make_user(django_user_model, "operator", "view_lock", "force_release_lock")
+
+
+def logged_in(user, **kwargs) -> Client:
+    client = Client(**kwargs)
+    client.force_login(user)
+    return client
+
+
+def release_post(name: str, token: object, *, confirmed: bool) -> dict[str, object]:
+    data: dict[str, object] = {"action": ACTION, "_selected_action": f"{token}:{name}"}
+    if confirmed:
+        data["post"] = "yes"
+    return data
+
+
+def texts(html: str) -> str:
+    """The page's text with tags dropped and whitespace squeezed (for readable asserts)."""
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+# -- access control -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("url", [
+    list_url(), detail_url("x"), reverse("admin:django_redislock_lock_statistics"),
+])
+def test_anonymous_users_are_sent_to_the_admin_login(client, url):
+    response = client.get(url)
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("admin:login") + "?next=")
+
+
+def test_anonymous_post_releases_nothing(client, holders):
+    info = hold(holders, "job")
+    response = client.post(list_url(), release_post("job", info["token"], confirmed=True))
+    assert response.status_code == 302 and "/login/" in response["Location"]
+    assert get_lock_info("job") is not None
+
+
+@pytest.mark.parametrize("url", [
+    list_url(), detail_url("x"), reverse("admin:django_redislock_lock_statistics"),
+])
+def test_staff_without_view_permission_get_403(staff, url):
+    assert logged_in(staff).get(url).status_code == 403
+
+
+def test_staff_without_permission_cannot_post_the_action(staff, holders):
+    info = hold(holders, "job")
+    client = logged_in(staff)
+    assert client.post(list_url(), release_post("job", info["token"], confirmed=False)
+                       ).status_code == 403
+    assert client.post(list_url(), release_post("job", info["token"], confirmed=True)
+                       ).status_code == 403
+    assert get_lock_info("job").fencing_token == info["token"]
+    assert not LogEntry.objects.exists()
+
+
+def test_view_permission_alone_shows_no_action_and_cannot_release(viewer, holders):
+    info = hold(holders, "job")
+    client = logged_in(viewer)
+    page = client.get(list_url())
+    assert page.status_code == 200
+    assert ACTION not in page.content.decode()
+    assert 'class="action-select"' not in page.content.decode()
+    for confirmed in (False, True):
+        response = client.post(list_url(), release_post("job", info["token"], confirmed=confirmed))
+        assert response.status_code == 403
+    assert get_lock_info("job").fencing_token == info["token"]
+
+
+def test_inactive_user_with_permissions_is_refused(django_user_model):
+    user = make_user(django_user_model, "gone", "view_lock", "force_release_lock")
+    client = logged_in(user)
+    user.is_active = False
+    user.save()
+    response = client.get(list_url())
+    assert response.status_code == 302  # the admin treats the session as logged out
+
+
+def test_admin_index_shows_locks_only_to_users_who_may_see_them(viewer, staff):
+    changelist = list_url()
+    page = logged_in(viewer).get(reverse("admin:index")).content.decode()
+    assert f'href="{changelist}"' in page and ">Locks<" in page
+    assert "Redis locks" in page
+    index = logged_in(staff).get(reverse("admin:index")).content.decode()
+    assert f'href="{changelist}"' not in index
+
+
+def test_post_without_csrf_token_is_rejected(operator, holders):
+    info = hold(holders, "job")
+    client = logged_in(operator, enforce_csrf_checks=True)
+    response = client.post(list_url(), release_post("job", info["token"], confirmed=True))
+    assert response.status_code == 403
+    assert get_lock_info("job").fencing_token == info["token"]
+
+
+def test_post_with_csrf_token_from_the_confirmation_page_works(operator, holders):
+    info = hold(holders, "job")
+    client = logged_in(operator, enforce_csrf_checks=True)
+    page = client.get(list_url()).content.decode()
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+    confirm = client.post(list_url(), {**release_post("job", info["token"], confirmed=False),
+                                       "csrfmiddlewaretoken": token})
+    assert confirm.status_code == 200
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"',
+                      confirm.content.decode()).group(1)
+    done = client.post(list_url(), {**release_post("job", info["token"], confirmed=True),
+                                    "csrfmiddlewaretoken": token})
+    assert done.status_code == 302
+    assert get_lock_info("job") is None
+
+
+# -- list -----------------------------------------------------------------------------------------
+
+def test_list_shows_locks_held_by_another_process(viewer, holders):
+    info = hold(holders, "report:daily")
+    page = logged_in(viewer).get(list_url())
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert 'id="result_list"' in html and 'id="changelist-search"' in html
+    assert "report:daily" in html
+    assert f" · {info['pid']} · MainThread" in html
+    assert f'<td class="field-fencing-token">{info["token"]}</td>' in html
+    assert '<td class="field-hold-count">1</td>' in html
+    assert 'href="' + detail_url("report:daily") + '"' in html
+
+
+def test_list_extends_the_admin_base_and_has_breadcrumbs(viewer):
+    html = logged_in(viewer).get(list_url()).content.decode()
+    assert 'class="breadcrumbs"' in html
+    assert f'href="{reverse("admin:index")}"' in html
+    assert "No lock is held right now." in html
+
+
+def test_list_shows_the_celery_task_id(viewer, take):
+    take("with-task", task_id="0b7e-task")
+    html = logged_in(viewer).get(list_url()).content.decode()
+    assert '<td class="field-task-id">0b7e-task</td>' in html
+
+
+def test_search_by_glob_and_by_substring(viewer, take):
+    for name in ("invoice:1", "invoice:22", "report:1"):
+        take(name)
+    client = logged_in(viewer)
+
+    def names(query: str) -> set[str]:
+        html = client.get(list_url(q=query)).content.decode()
+        return set(re.findall(r'<th class="field-name"><a href="[^"]*">([^<]+)</a>', html))
+
+    assert names("invoice:*") == {"invoice:1", "invoice:22"}
+    assert names("invoice:?") == {"invoice:1"}
+    assert names(":1") == {"invoice:1", "report:1"}
+    assert names("nothing") == set()
+    assert "No active lock matches this search." in client.get(list_url(q="nothing")
+                                                                 ).content.decode()
+
+
+def test_sort_by_expiry_and_by_held_for(viewer, take):
+    for name, timeout in (("a", 30), ("b", 10), ("c", 20)):
+        take(name, timeout=timeout)
+        time.sleep(0.02)
+    client = logged_in(viewer)
+
+    def order(sort: str) -> list[str]:
+        html = client.get(list_url(o=sort)).content.decode()
+        return re.findall(r'<th class="field-name"><a href="[^"]*">([^<]+)</a>', html)
+
+    assert order("expires") == ["b", "c", "a"]
+    assert order("-expires") == ["a", "c", "b"]
+    assert order("-held") == ["a", "b", "c"]
+    assert order("held") == ["c", "b", "a"]
+
+
+def test_cursor_pagination_visits_every_lock_once(viewer, monkeypatch, take):
+    monkeypatch.setattr(LockAdmin, "list_per_page", 7)
+    names = {f"page-{i:02d}" for i in range(40)}
+    for name in names:
+        take(name)
+    client = logged_in(viewer)
+    seen: list[str] = []
+    url = list_url()
+    pages = 0
+    while url:
+        html = client.get(url).content.decode()
+        seen += re.findall(r'<th class="field-name"><a href="[^"]*">([^<]+)</a>', html)
+        nxt = re.search(r'<a href="(\?[^"]*)" class="showall">', html)
+        url = reverse(LIST) + nxt.group(1).replace("&amp;", "&") if nxt else None
+        pages += 1
+        assert pages < 20
+    assert pages > 1
+    assert sorted(seen) == sorted(names)
+
+
+def test_sorted_pages_follow_each_other(viewer, monkeypatch, take):
+    monkeypatch.setattr(LockAdmin, "list_per_page", 4)
+    for i in range(10):
+        take(f"s{i}", timeout=10 + i)
+    client = logged_in(viewer)
+    html = client.get(list_url(o="expires", p="2")).content.decode()
+    assert re.findall(r'<th class="field-name"><a href="[^"]*">([^<]+)</a>', html) == [
+        "s4", "s5", "s6", "s7"]
+    assert "Previous page" in html and "Next page" in html
+
+
+def test_auto_refresh_adds_a_refresh_header(viewer):
+    client = logged_in(viewer)
+    assert 'http-equiv="refresh"' not in client.get(list_url()).content.decode()
+    assert '<meta http-equiv="refresh" content="10">' in client.get(
+        list_url(refresh="10")).content.decode()
+    assert 'http-equiv="refresh"' not in client.get(list_url(refresh="1")).content.decode()
+
+
+def test_list_follows_redislock_cache_setting(viewer, take):
+    take("on-default")
+    take("on-site2", using="site2")
+    take("on-builtin", using="builtin")
+    client = logged_in(viewer)
+    assert "on-default" in client.get(list_url()).content.decode()
+    for alias in ("site2", "builtin"):
+        with override_settings(REDISLOCK={"CACHE": alias}):
+            html = client.get(list_url()).content.decode()
+        assert f"on-{alias}" in html
+        assert "on-default" not in html
+
+
+def test_redis_down_shows_an_error_not_a_crash(viewer):
+    caches = {"default": {"BACKEND": "django_redis.cache.RedisCache",
+                          "LOCATION": "redis://127.0.0.1:1/0",
+                          "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5}}}
+    with override_settings(CACHES=caches):
+        response = logged_in(viewer).get(list_url())
+    assert response.status_code == 200
+    assert 'class="errornote"' in response.content.decode()
+    assert "unreachable" in response.content.decode()
+
+
+# -- force release --------------------------------------------------------------------------------
+
+def test_confirmation_page_shows_what_will_be_released_and_who_holds_it(operator, holders):
+    info = hold(holders, "job")
+    response = logged_in(operator).post(list_url(), release_post("job", info["token"],
+                                                                 confirmed=False))
+    assert response.status_code == 200
+    html = response.content.decode()
+    text = texts(html)
+    assert "Are you sure you want to force-release this lock?" in text
+    assert f"job · {info['pid']} · MainThread" not in text  # holder is host · pid · thread
+    assert f" · {info['pid']} · MainThread {'-'} {info['token']}" in text
+    assert f'value="{info["token"]}:job"' in html and 'name="post" value="yes"' in html
+    assert get_lock_info("job").fencing_token == info["token"]  # nothing released yet
+    assert not LogEntry.objects.exists()
+
+
+def test_force_release_releases_writes_log_entry_and_says_so(operator, holders):
+    info = hold(holders, "job")
+    client = logged_in(operator)
+    response = client.post(list_url(), release_post("job", info["token"], confirmed=True),
+                           follow=True)
+    assert get_lock_info("job") is None
+    assert "Force-released 1 lock: job." in texts(response.content.decode())
+    entry = LogEntry.objects.get()
+    assert entry.user == operator
+    assert entry.action_flag == DELETION
+    assert entry.object_id == "job" and entry.object_repr == "job"
+    assert entry.content_type.app_label == "django_redislock"
+    assert f"fencing token {info['token']}" in entry.change_message
+    assert f"pid {info['pid']}" in entry.change_message
+    assert entry.get_admin_url() == detail_url("job")
+
+
+def test_changed_token_releases_nothing_and_says_so(operator, holders):
+    info = hold(holders, "job")
+    stale = int(info["token"]) - 1 if int(info["token"]) > 1 else 999  # type: ignore[call-overload]
+    client = logged_in(operator)
+    confirm = texts(client.post(list_url(), release_post("job", stale, confirmed=False)
+                                ).content.decode())
+    assert "These locks will not be touched" in confirm
+    assert f"you saw fencing token {stale}; it now has token {info['token']}" in confirm
+    assert "Yes, release" not in confirm
+    response = client.post(list_url(), release_post("job", stale, confirmed=True), follow=True)
+    assert get_lock_info("job").fencing_token == info["token"]
+    assert "changed hands or was released since you looked at it: job" in texts(
+        response.content.decode())
+    assert not LogEntry.objects.exists()
+
+
+def test_lock_that_changed_hands_between_confirmation_and_post_is_left_alone(operator, take):
+    first = take("job")
+    client = logged_in(operator)
+    seen = first.fencing_token
+    assert client.post(list_url(), release_post("job", seen, confirmed=False)).status_code == 200
+    first.release()
+    second = take("job")  # same name, new holder, new token
+    client.post(list_url(), release_post("job", seen, confirmed=True))
+    assert second.owned() and get_lock_info("job").fencing_token == second.fencing_token
+
+
+def test_force_release_wakes_a_waiter(operator, holders):
+    info = hold(holders, "job")
+    result: dict[str, object] = {}
+
+    def wait() -> None:
+        lock = Lock("job", auto_renew=False, timeout=5)
+        started = time.monotonic()
+        result["acquired"] = lock.acquire(blocking_timeout=20)
+        result["waited"] = time.monotonic() - started
+        result["token"] = lock.fencing_token
+        if result["acquired"]:
+            lock.release()
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.3)  # let it queue
+    logged_in(operator).post(list_url(), release_post("job", info["token"], confirmed=True))
+    waiter.join(20)
+    assert result["acquired"] is True
+    assert result["waited"] < 8  # woken by the release, not by the holder's 10 s lease
+    assert result["token"] > info["token"]
+
+
+def test_several_locks_at_once_with_one_stale(operator, holders):
+    a = hold(holders, "a")
+    b = hold(holders, "b")
+    client = logged_in(operator)
+    response = client.post(list_url(), {
+        "action": ACTION, "post": "yes",
+        "_selected_action": [f"{a['token']}:a", f"{int(b['token']) + 100}:b"],  # type: ignore[call-overload]
+    }, follow=True)
+    text = texts(response.content.decode())
+    assert "Force-released 1 lock: a." in text and "looked at it: b" in text
+    assert get_lock_info("a") is None and get_lock_info("b") is not None
+    assert list(LogEntry.objects.values_list("object_id", flat=True)) == ["a"]
+
+
+def test_post_without_action_or_selection_changes_nothing(operator, holders):
+    info = hold(holders, "job")
+    client = logged_in(operator)
+    no_action = client.post(list_url(), {"_selected_action": f"{info['token']}:job"}, follow=True)
+    assert "No action selected." in no_action.content.decode()
+    nothing = client.post(list_url(), {"action": ACTION, "post": "yes"}, follow=True)
+    assert "Items must be selected" in nothing.content.decode()
+    assert get_lock_info("job") is not None
+
+
+# -- detail, statistics ---------------------------------------------------------------------------
+
+def test_detail_page_shows_every_lockinfo_field_and_statistics(operator, take):
+    stats.connect_receivers()
+    lock = take("odd/name with spaces", task_id="task-123")
+    lock.acquire()  # re-entrant: hold count 2
+    stats.flush()
+    response = logged_in(operator).get(detail_url(lock.name))
+    assert response.status_code == 200
+    text = texts(response.content.decode())
+    info = get_lock_info(lock.name)
+    for label, value in (("Name", info.name), ("Owner id", info.owner), ("Host", info.host),
+                         ("Process id", info.pid), ("Thread", info.thread),
+                         ("Celery task id", "task-123"), ("Fencing token", info.fencing_token),
+                         ("Hold count", 2)):
+        assert f"{label} {value}" in text
+    assert info.acquired_at.isoformat() in text
+    assert "Expires in" in text and "Held for" in text
+    assert "Statistics (this name, last 24 hours)" in text
+    assert "odd/name with spaces 1 0 0 100.0%" in text  # acquired, contended, failed, rate
+    html = response.content.decode()
+    assert 'value="Force release…"' in html  # the operator may start a release from here
+    assert f'value="{info.fencing_token}:{info.name}"' in html
+
+
+def test_detail_of_a_free_lock_is_404(viewer):
+    response = logged_in(viewer).get(detail_url("ghost"))
+    assert response.status_code == 404
+    assert "No lock named “ghost” is held right now." in response.content.decode()
+
+
+def test_statistics_page_shows_success_rate_and_means(viewer, take):
+    stats.connect_receivers()
+    holder = take("busy")
+    other = threading.Thread(target=lambda: Lock("busy").acquire(blocking=False))
+    other.start()
+    other.join()
+    holder.release()
+    stats.flush()
+    text = texts(logged_in(viewer).get(reverse("admin:django_redislock_lock_statistics")
+                                       ).content.decode())
+    assert "busy 1 0 1 50.0%" in text  # acquired, contended, failed, success rate
+    assert "Mean hold" in text and "Mean wait" in text
+
+
+# -- wiring -------------------------------------------------------------------------------------
+
+@pytest.mark.urls("tests.testapp.admin_urls")
+def test_a_custom_admin_site_hosts_the_pages(operator, holders):
+    info = hold(holders, "job")
+    url = reverse("admin:django_redislock_lock_changelist", current_app="ops")
+    assert url == "/ops/django_redislock/lock/"
+    client = logged_in(operator)
+    page = client.get(url).content.decode()
+    assert "Ops console" in page and "job" in page
+    assert 'href="/ops/django_redislock/lock/job/change/"' in page  # links stay on this site
+    response = client.post(url, release_post("job", info["token"], confirmed=True))
+    assert response.status_code == 302 and response["Location"] == url
+    assert get_lock_info("job") is None
+    assert client.get("/ops/django_redislock/lock/statistics/").status_code == 200
+
+
+@pytest.mark.urls("tests.testapp.admin_urls")
+def test_custom_admin_site_checks_permissions_too(staff, client):
+    assert client.get("/ops/django_redislock/lock/").status_code == 302
+    assert logged_in(staff).get("/ops/django_redislock/lock/").status_code == 403
+
+
+def test_pages_are_translated(viewer, holders):
+    hold(holders, "job")
+    client = logged_in(viewer)
+    html = client.get(list_url(), HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
+    assert "所有者（主机 · 进程号 · 线程）" in html  # noqa: RUF001
+    assert "防护令牌" in html
+    assert "Fencing token" not in html
+
+
+def test_shipped_migration_matches_the_model():
+    call_command("makemigrations", "django_redislock", "--check", "--dry-run", verbosity=0)
+
+
+def test_lock_model_has_no_table_and_the_two_permissions():
+    from django.db import connection
+
+    from django_redislock.models import Lock as LockModel
+
+    assert LockModel._meta.managed is False
+    assert LockModel._meta.db_table not in connection.introspection.table_names()
+    codenames = set(Permission.objects.filter(content_type__app_label="django_redislock")
+                    .values_list("codename", flat=True))
+    assert codenames == {"view_lock", "force_release_lock"}
+
+
+# -- small pure functions -----------------------------------------------------------------------
+
+def test_name_glob_turns_plain_text_into_a_substring_match():
+    assert name_glob("") is None
+    assert name_glob(" invoice ") == "*invoice*"
+    assert name_glob("invoice:*") == "invoice:*"
+    assert name_glob("a?c") == "a?c"
+
+
+def test_parse_selection_ignores_malformed_values():
+    assert parse_selection(["3:a", "x:b", "0:c", "4", ":d", "5:e:f", "6:a"]) == [
+        (3, "a"), (5, "e:f")]
