@@ -10,7 +10,7 @@ class RedisLockConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
-        from django_redislock import checks  # noqa: F401  (registers the system checks)
-        from django_redislock import stats
+        from django_redislock import checks, stats
 
+        checks.register_checks()
         stats.connect_receivers()

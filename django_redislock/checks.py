@@ -34,7 +34,11 @@ def _has_socket_timeout(config: dict[str, Any]) -> bool:
     return any(options.get(k) for k in ("SOCKET_TIMEOUT", "socket_timeout"))
 
 
-@register()
+def register_checks() -> None:
+    """Called from ``AppConfig.ready``; registering twice is harmless (checks are a set)."""
+    register(check_settings)
+
+
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     raw = getattr(settings, "REDISLOCK", None)
     raw = {} if raw is None else raw

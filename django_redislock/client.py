@@ -29,8 +29,10 @@ __all__ = [
     "get_client",
     "keyspace",
     "read_locks",
+    "read_stats",
     "reset",
-    "scan_lock_keys",
+    "scan_keys",
+    "write_stats",
 ]
 
 _GLOB_SPECIALS = "\\*?[]"
@@ -68,6 +70,10 @@ class KeySpace:
 
     def stats(self, stats_name: str) -> str:
         return f"{self.namespace}:stats:{stats_name}"
+
+    def stats_max(self, stats_name: str) -> str:
+        # Not "<ns>:stats:..." so that a SCAN for stats hashes never meets it.
+        return f"{self.namespace}:stats-max:{stats_name}"
 
     def lock_pattern(self, match: str | None = None) -> str:
         """SCAN pattern for lock keys; ``match`` is a glob on the lock *name* only.
@@ -221,9 +227,51 @@ def lock_exists(client: Redis, key: str) -> bool:
     return bool(client.exists(key))
 
 
-def scan_lock_keys(
+def scan_keys(
     client: Redis, pattern: str, *, cursor: int = 0, count: int = 500
 ) -> tuple[int, list[str]]:
     """One ``SCAN`` step (never ``KEYS``): the next cursor (0 = done) and the keys it returned."""
     next_cursor, keys = client.scan(cursor=cursor, match=pattern, count=count)
     return int(next_cursor), [k.decode() if isinstance(k, bytes) else k for k in keys]
+
+
+@dataclass(frozen=True)
+class StatsUpdate:
+    """Figures to add to one statistics hash (see :mod:`django_redislock.stats`)."""
+
+    key: str
+    max_key: str
+    counters: dict[str, int]
+    totals: dict[str, float]
+    maxima: dict[str, float]
+
+
+def write_stats(client: Redis, updates: Sequence[StatsUpdate], *, now: float, ttl: int) -> None:
+    """Add figures to statistics hashes in one pipeline.
+
+    Maxima use ``ZADD GT`` (an atomic "keep the larger", Redis >= 6.2); every touched key expires
+    ``ttl`` seconds after its last update, which keeps memory bounded.
+    """
+    pipe = client.pipeline(transaction=False)
+    for update in updates:
+        for field_name, count in update.counters.items():
+            pipe.hincrby(update.key, field_name, count)
+        for field_name, total in update.totals.items():
+            pipe.hincrbyfloat(update.key, field_name, total)
+        pipe.hset(update.key, "updated_at", repr(now))
+        pipe.expire(update.key, ttl)
+        if update.maxima:
+            pipe.zadd(update.max_key, update.maxima, gt=True)
+            pipe.expire(update.max_key, ttl)
+    pipe.execute()
+
+
+def read_stats(client: Redis, keys: Sequence[tuple[str, str]]
+               ) -> list[tuple[dict[Any, Any], list[tuple[Any, float]]]]:
+    """``(hash, maxima)`` of each ``(stats key, max key)`` pair, in one round trip."""
+    pipe = client.pipeline(transaction=False)
+    for key, max_key in keys:
+        pipe.hgetall(key)
+        pipe.zrange(max_key, 0, -1, withscores=True)
+    replies = pipe.execute()
+    return [(replies[2 * i], replies[2 * i + 1]) for i in range(len(keys))]

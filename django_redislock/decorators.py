@@ -130,7 +130,8 @@ def distributed_lock(
         elif key is None:
             stats_name = f"{func.__module__}.{func.__qualname__}"
         else:
-            stats_name = f"{func.__module__}.{func.__qualname__}[{getattr(key, '__qualname__', key)}]"
+            key_name = getattr(key, "__qualname__", repr(key))
+            stats_name = f"{func.__module__}.{func.__qualname__}[{key_name}]"
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -72,7 +72,7 @@ def lock_page(*, cursor: int = 0, match: str | None = None, count: int = 500,
     client = redis_client.get_client(using)
     keys = redis_client.keyspace(using)
     with redis_client.backend_errors("list locks"):
-        next_cursor, found = redis_client.scan_lock_keys(
+        next_cursor, found = redis_client.scan_keys(
             client, keys.lock_pattern(match), cursor=cursor, count=count)
         records = redis_client.read_locks(client, found)
     return next_cursor, [_info(keys, r) for r in records]

@@ -268,34 +268,20 @@ def flush() -> None:
 
 
 def _write(alias: str | None, tallies: dict[str, _Tally]) -> None:
-    from django_redislock.client import get_client, keyspace
+    from django_redislock.client import StatsUpdate, get_client, keyspace, write_stats
 
     space = keyspace(alias)
-    pipe = get_client(alias).pipeline(transaction=False)
-    now = time.time()
-    for stats_name, tally in tallies.items():
-        key = space.stats(stats_name)
-        max_key = _max_key(space.namespace, stats_name)
-        for name in _INT_FIELDS:
-            value = getattr(tally, name)
-            if value:
-                pipe.hincrby(key, name, value)
-        for name in _FLOAT_FIELDS:
-            value = getattr(tally, name)
-            if value:
-                pipe.hincrbyfloat(key, name, value)
-        pipe.hset(key, "updated_at", repr(now))
-        pipe.expire(key, STATS_TTL)
-        maxima = {m: getattr(tally, f"{m}_max") for m in _MAX_FIELDS if getattr(tally, f"{m}_max")}
-        if maxima:
-            pipe.zadd(max_key, maxima, gt=True)
-            pipe.expire(max_key, STATS_TTL)
-    pipe.execute()
-
-
-def _max_key(namespace: str, stats_name: str) -> str:
-    # Not "<ns>:stats:..." so that a SCAN for stats hashes never meets it.
-    return f"{namespace}:stats-max:{stats_name}"
+    updates = [
+        StatsUpdate(
+            key=space.stats(stats_name),
+            max_key=space.stats_max(stats_name),
+            counters={f: getattr(t, f) for f in _INT_FIELDS if getattr(t, f)},
+            totals={f: getattr(t, f) for f in _FLOAT_FIELDS if getattr(t, f)},
+            maxima={m: getattr(t, f"{m}_max") for m in _MAX_FIELDS if getattr(t, f"{m}_max")},
+        )
+        for stats_name, t in tallies.items()
+    ]
+    write_stats(get_client(alias), updates, now=time.time(), ttl=STATS_TTL)
 
 
 def _after_fork_in_child() -> None:
@@ -378,23 +364,16 @@ def _parse(stats_name: str, raw: dict[bytes, bytes], maxima: list[tuple[bytes, f
 
 
 def _read(alias: str | None, names: list[str]) -> list[LockStats]:
-    from django_redislock.client import backend_errors, get_client, keyspace
+    from django_redislock.client import backend_errors, get_client, keyspace, read_stats
 
     if not names:
         return []
     space = keyspace(alias)
     with backend_errors("read lock statistics"):
-        pipe = get_client(alias).pipeline(transaction=False)
-        for stats_name in names:
-            pipe.hgetall(space.stats(stats_name))
-            pipe.zrange(_max_key(space.namespace, stats_name), 0, -1, withscores=True)
-        replies = pipe.execute()
-    found = []
-    for i, stats_name in enumerate(names):
-        raw, maxima = replies[2 * i], replies[2 * i + 1]
-        if raw:
-            found.append(_parse(stats_name, raw, maxima))
-    return found
+        replies = read_stats(get_client(alias),
+                             [(space.stats(n), space.stats_max(n)) for n in names])
+    return [_parse(n, raw, maxima) for n, (raw, maxima) in zip(names, replies, strict=True)
+            if raw]
 
 
 def get_stats(name_or_template: str, using: str | None = None) -> LockStats | None:
@@ -415,7 +394,7 @@ def get_many_stats(names: list[str], using: str | None = None) -> dict[str, Lock
 
 def iter_stats(using: str | None = None, *, batch: int = 200) -> Iterator[LockStats]:
     """Figures of every stats name of the namespace (SCAN, never ``KEYS``), in no fixed order."""
-    from django_redislock.client import backend_errors, escape_glob, get_client, keyspace
+    from django_redislock.client import backend_errors, escape_glob, get_client, keyspace, scan_keys
 
     space = keyspace(using)
     head = space.stats("")
@@ -425,11 +404,10 @@ def iter_stats(using: str | None = None, *, batch: int = 200) -> Iterator[LockSt
     seen: set[str] = set()
     while True:
         with backend_errors("list lock statistics"):
-            cursor, keys = client.scan(cursor=cursor, match=pattern, count=batch)
+            cursor, keys = scan_keys(client, pattern, cursor=cursor, count=batch)
         names = []
         for key in keys:
-            text = key.decode() if isinstance(key, bytes) else key
-            stats_name = text[len(head):]
+            stats_name = key[len(head):]
             if stats_name not in seen:
                 seen.add(stats_name)
                 names.append(stats_name)
