@@ -34,6 +34,24 @@ def _flush_lock_db() -> Iterator[None]:
     client.close()
 
 
+@pytest.fixture(autouse=True)
+def _forget_holds() -> Iterator[None]:
+    """Locks a test leaves held are forgotten by this process afterwards.
+
+    Their keys are flushed before the next test, so the watchdog would otherwise report them
+    lost (and send ``lock_lost``) in the middle of an unrelated test.
+    """
+    yield
+    from django_redislock import lock as lock_module
+    from django_redislock.watchdog import watchdog
+
+    with lock_module._holds_lock:
+        holds = list(lock_module._holds.values())
+        lock_module._holds.clear()
+    for hold in holds:
+        watchdog.unregister(hold)
+
+
 @pytest.fixture
 def redis_factory() -> Iterator[type[RedisServer]]:
     """Start dedicated servers that a fault test may kill, pause or restart.

@@ -72,7 +72,7 @@ def test_operator_force_releases_a_lock_held_by_another_process(live_server, bro
         page.select_option("select[name=action]", "force_release_selected")
         page.get_by_role("button", name="Go").click()
 
-        expect(page.locator("h1")).to_have_text("Force-release locks?")
+        expect(page.locator("#content h1")).to_have_text("Force-release locks?")
         candidate = page.locator("tr.release-candidate")
         expect(candidate).to_contain_text("nightly-report")
         expect(candidate).to_contain_text(str(held["pid"]))
