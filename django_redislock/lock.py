@@ -378,6 +378,24 @@ class Lock:
             signals.lock_released.send_robust(Lock, lock=self, name=self.name,
                                               held=time.monotonic() - hold.acquired_at)
 
+    def detach(self) -> tuple[int, int | None]:
+        """Forget this process's record of the hold, leaving the lock in Redis untouched.
+
+        For hand-overs: a lock taken here on behalf of another process (a Celery task published
+        here and run by a worker, with ``owner=`` the task id) must not be renewed by this
+        process's watchdog nor kept in its table of holds. Returns ``(hold_count, fencing_token)``
+        as this process knew them (``0`` when it knew of no hold).
+        """
+        hold = self._hold()
+        if hold is None:
+            return 0, self.fencing_token
+        watchdog.unregister(hold)
+        ident = (id(hold.client), hold.key, hold.owner)
+        with _holds_lock:
+            if _holds.get(ident) is hold:
+                del _holds[ident]
+        return hold.count, hold.token
+
     def renew(self) -> None:
         """Reset the lease to ``timeout``; :class:`LockNotOwnedError` if no longer held."""
         owner = self.owner

@@ -438,3 +438,15 @@ def test_names_cannot_escape_the_namespace(redis_client):
         pass
     assert redis_client.get("victim") == b"x"
     assert all(k.startswith(b"redislock:") or k == b"victim" for k in redis_client.keys("*"))
+
+
+def test_tokens_keep_increasing_when_the_counter_expires(redis_client):
+    lock = Lock("seeded", timeout=5)
+    lock.acquire()
+    first = lock.fencing_token
+    lock.release()
+    assert 0 < redis_client.pttl(keyspace().fence("seeded")) <= 86_400_000
+    redis_client.delete(keyspace().fence("seeded"))  # as if a day had passed
+    lock.acquire()
+    assert lock.fencing_token > first
+    lock.release()

@@ -28,6 +28,21 @@ local function server_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The next fencing token of a lock. The counter expires one day after it was seeded (INCR keeps
+-- the TTL), so names no longer used cost no memory. A missing counter is seeded from the server
+-- clock in microseconds: the previous seed is at least a day (86.4e9 us) older, and no lock is
+-- acquired 86.4e9 times in a day, so the new seed exceeds every token issued before it.
+local FENCE_TTL_MS = 86400000
+local function next_token(fence_key)
+  local token = redis.call('INCR', fence_key)
+  if token == 1 then
+    local t = redis.call('TIME')
+    token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis.call('SET', fence_key, string.format('%d', token), 'PX', FENCE_TTL_MS)
+  end
+  return token
+end
+
 -- Give the lock to the oldest live waiter, or delete it when nobody waits.
 -- A waiter entry is "expiry_ms \n lease_ms \n waiter_id \n owner \n meta_json"; entries whose
 -- expiry passed belong to waiters that gave up or died and are dropped.
@@ -40,7 +55,7 @@ local function hand_off(lock_key, fence_key, queue_key, wake_prefix)
     now = now or server_ms()
     local x, l, w, o, m = string.match(entry, '^(%d+)\n(%d+)\n([^\n]*)\n([^\n]*)\n(.*)$')
     if x and tonumber(x) > now then
-      local token = redis.call('INCR', fence_key)
+      local token = next_token(fence_key)
       redis.call('SET', lock_key, record(o, 1, token, now, m), 'PX', l)
       local wake = wake_prefix .. w
       redis.call('RPUSH', wake, token)

@@ -24,7 +24,7 @@ end
 
 local raw = redis.call('GET', KEYS[1])
 if not raw then
-  local token = redis.call('INCR', KEYS[2])
+  local token = next_token(KEYS[2])
   redis.call('SET', KEYS[1], record(owner, 1, token, tonumber(ARGV[7]), ARGV[3]), 'PX', lease)
   if prev ~= '' then redis.call('LREM', KEYS[3], 1, prev) end
   return {1, token, 1}

@@ -1,0 +1,176 @@
+"""``SingleFlightTask`` when workers die: a real ``celery worker -P prefork`` subprocess whose pool
+children (or the whole worker) get SIGKILLed, terminated by ``revoke`` or SIGTERMed.
+
+Each worker consumes its own queue, so it never races the in-process worker of test_celery.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from django_redislock import Lock, get_lock_info
+from django_redislock.celery import SKIPPED
+from tests.conftest import ROOT, subprocess_env
+from tests.testapp import tasks
+from tests.testapp.celery_app import app
+
+LOCK_TIMEOUT = 2.0  # lock_timeout of tasks.work
+SLACK = 0.5  # scheduling noise on a loaded 2-core machine
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+class WorkerProcess:
+    """``celery worker -P prefork -c 2`` in its own session (so it can be killed as a group)."""
+
+    log_dir: Path = Path(tempfile.gettempdir())
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.name = f"{queue}-{uuid.uuid4().hex[:6]}@localhost"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = self.log_dir / f"{self.name}.log"
+
+    def start(self) -> WorkerProcess:
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "tests.testapp.celery_app", "worker",
+                 "-P", "prefork", "-c", "2", "--without-mingle", "--without-gossip",
+                 "-Q", self.queue, "-n", self.name, "--loglevel", "INFO"],
+                cwd=ROOT, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        wait_for(lambda: self.proc.poll() is not None
+                 or app.control.ping(destination=[self.name], timeout=0.3), 30)
+        assert self.proc.poll() is None, self.output()
+        return self
+
+    def output(self) -> str:
+        with open(self.log, errors="replace") as f:
+            return f.read()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _clean_broker(tmp_path_factory: pytest.TempPathFactory) -> None:
+    app.finalize()
+    redis.Redis.from_url(app.conf.broker_url).flushdb()
+    WorkerProcess.log_dir = tmp_path_factory.mktemp("celery-workers")
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[WorkerProcess]:
+    w = WorkerProcess("crash").start()
+    yield w
+    w.stop()
+
+
+def started(key: str) -> dict:
+    return wait_for(lambda: [e for e in tasks.events("start") if e["key"] == key], 15)[0]
+
+
+def test_worker_start_up_leaves_other_workers_live_locks_alone(worker):
+    # db 0 was flushed before this test: take the "other worker's" lock again, then restart.
+    other = Lock("work:live", owner="task-of-another-worker", task_id="task-of-another-worker",
+                 timeout=60, auto_renew=False)
+    assert other.acquire(blocking=False)
+    second = WorkerProcess("crash").start()
+    try:
+        info = get_lock_info("work:live")
+        assert info is not None and info.task_id == "task-of-another-worker"
+        skipped = app.send_task("tests.testapp.tasks.work", args=["live"], queue="crash")
+        wait_for(lambda: skipped.state == SKIPPED, 15)
+        assert tasks.events("start") == []
+    finally:
+        second.stop()
+        other.release(all_holds=True)
+
+
+def test_a_sigkilled_pool_child_frees_the_key_within_one_lock_timeout(worker):
+    result = tasks.work.apply_async(("k", 30), queue="crash")
+    child = started("work:k")["pid"]
+    assert child != worker.proc.pid
+    os.kill(child, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_for(lambda: get_lock_info("work:k") is None, LOCK_TIMEOUT + SLACK)
+    assert time.monotonic() - killed <= LOCK_TIMEOUT + SLACK
+    wait_for(lambda: result.state == "FAILURE", 10)
+    again = tasks.work.apply_async(("k", 0), queue="crash")
+    assert again.id != result.id and again.get(timeout=15) == "done k"
+
+
+def test_the_worker_releases_a_dead_childs_key_before_its_lease_ends(worker):
+    lease = 20.0  # tasks.slow_lease; renewed every 6.7 s, so the lease alone keeps it >= 13 s
+    result = tasks.slow_lease.apply_async(("k", 60), queue="crash")
+    os.kill(started("slow:k")["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    # billiard notices a dead child at once or, at worst, at its 5 s maintenance tick.
+    wait_for(lambda: get_lock_info("slow:k") is None, lease + SLACK)
+    assert time.monotonic() - killed < lease / 2
+    wait_for(lambda: result.state == "FAILURE", 10)
+
+
+def test_revoke_with_terminate_releases_the_key(worker):
+    result = tasks.slow_lease.apply_async(("t", 60), queue="crash")
+    started("slow:t")
+    result.revoke(terminate=True)
+    revoked = time.monotonic()
+    wait_for(lambda: get_lock_info("slow:t") is None, 20)
+    assert time.monotonic() - revoked < 2
+    wait_for(lambda: result.state == "REVOKED", 10)
+
+
+def test_a_sigkilled_worker_frees_the_key_within_one_lock_timeout():
+    victim = WorkerProcess("crash-kill").start()
+    try:
+        result = tasks.work.apply_async(("all", 30), queue="crash-kill")
+        started("work:all")
+        time.sleep(LOCK_TIMEOUT)  # let the watchdog renew at least once
+        os.killpg(victim.proc.pid, signal.SIGKILL)  # main process and pool children at once
+        killed = time.monotonic()
+        victim.proc.wait(10)
+        info = get_lock_info("work:all")
+        assert info is not None and info.task_id == result.id  # nobody released it...
+        wait_for(lambda: get_lock_info("work:all") is None, LOCK_TIMEOUT + SLACK)
+        assert time.monotonic() - killed <= LOCK_TIMEOUT + SLACK  # ...its lease did
+    finally:
+        victim.stop()
+
+
+def test_a_warm_shutdown_finishes_the_running_task_and_releases_its_key():
+    leaving = WorkerProcess("crash-term").start()
+    try:
+        result = tasks.work.apply_async(("warm", 1.5), queue="crash-term")
+        started("work:warm")
+        leaving.proc.send_signal(signal.SIGTERM)
+        assert leaving.proc.wait(30) == 0, leaving.output()
+        assert result.get(timeout=5) == "done warm"
+        assert get_lock_info("work:warm") is None
+    finally:
+        leaving.stop()

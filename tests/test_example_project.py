@@ -1,0 +1,298 @@
+"""``example_project/run_demo.py`` end to end: what a visitor of ``make demo`` sees.
+
+The supervisor runs as a real subprocess on free ports with its own embedded redis-server, a
+prefork Celery worker, beat and runserver. The test clicks "Build report" five times through the
+page (with CSRF, over HTTP), sees one task published and one execution, sees the lock on the admin
+Locks page after logging in with the printed credentials, sees beat runs that never overlap and
+a guarded management command refuse to run twice, then presses Ctrl-C (SIGINT) and checks that
+every process the demo started is gone. A second run with ``REDIS_URL`` set uses that server
+(and leaves it running on exit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.cookiejar
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+import pytest
+
+from tests.redis_server import RedisServer, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "example_project"
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T | None], timeout: float, what: str) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.2)
+
+
+class Browser:
+    """urllib with a cookie jar: enough to submit Django forms with their CSRF token."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.opener = urllib.request.build_opener(
+            urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
+        )
+
+    def get(self, path: str) -> str:
+        with self.opener.open(self.base_url + path.lstrip("/"), timeout=10) as resp:
+            return str(resp.read().decode())
+
+    def json(self, path: str) -> Any:
+        return json.loads(self.get(path))
+
+    def submit(self, page: str, action: str, fields: dict[str, str]) -> str:
+        """GET ``page`` for its CSRF token, POST ``fields`` to ``action``, follow the redirect."""
+        html = self.get(page)
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html)
+        assert token, f"no CSRF token on {page}"
+        data = urllib.parse.urlencode({"csrfmiddlewaretoken": token.group(1), **fields}).encode()
+        request = urllib.request.Request(self.base_url + action.lstrip("/"), data=data)
+        with self.opener.open(request, timeout=10) as resp:
+            return str(resp.read().decode())
+
+
+class Demo:
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path, port: int, var_dir: Path):
+        self.proc = proc
+        self.log = log
+        self.port = port
+        self.var_dir = var_dir
+        self.base_url = f"http://127.0.0.1:{port}/"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def processes(self) -> dict[int, float]:
+        """Every live descendant of the supervisor: pid -> create time (to tell PID reuse)."""
+        found = {}
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                found[child.pid] = child.create_time()
+        return found
+
+
+DemoFactory = Callable[..., Demo]
+
+
+@pytest.fixture
+def demo_factory(tmp_path: Path) -> Iterator[DemoFactory]:
+    """Start ``run_demo.py`` on a free port; whatever a failed test leaves running is stopped."""
+    started: list[Demo] = []
+
+    def start(*args: str, **extra_env: str) -> Demo:
+        port = free_port()
+        workdir = tmp_path / f"demo{len(started)}"
+        workdir.mkdir()
+        env = {
+            k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DJANGO_SETTINGS_MODULE"}
+        }
+        # Short jobs and a fast beat keep the test well under a minute.
+        env.update(DEMO_REPORT_SECONDS="3", DEMO_SYNC_SECONDS="1.5", DEMO_SYNC_INTERVAL="1")
+        env.update(extra_env)
+        log = workdir / "demo.log"
+        var_dir = workdir / "var"
+        command = [sys.executable, str(DEMO / "run_demo.py"), "--port", str(port)]
+        command += ["--var-dir", str(var_dir), "--concurrency", "2", "--grace", "10", *args]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                command, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+        demo = Demo(proc, log, port, var_dir)
+        started.append(demo)
+        return demo
+
+    yield start
+    for demo in started:
+        proc = demo.proc
+        if proc.poll() is None:  # the test failed half-way: stop it the polite way, then not
+            leftovers = demo.processes()
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+            for pid in leftovers:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    psutil.Process(pid).kill()
+        print(demo.output()[-5000:])  # captured: pytest shows it only when the test failed
+
+
+def wait_until_ready(demo: Demo) -> tuple[str, str]:
+    """Wait for the "ready" banner; return the printed admin credentials."""
+    wait_for(
+        lambda: "ready: " in demo.output() or demo.proc.poll() is not None,
+        60,
+        "the demo to print 'ready'",
+    )
+    assert demo.proc.poll() is None, demo.output()
+    assert f"ready: {demo.base_url}" in demo.output()
+    creds = re.search(r'login "([^"]+)" password "([^"]+)"', demo.output())
+    assert creds, demo.output()
+    return creds.group(1), creds.group(2)
+
+
+def stop(demo: Demo) -> None:
+    """Ctrl-C, as in the terminal: a clean exit and the "stopped" line."""
+    demo.proc.send_signal(signal.SIGINT)
+    assert demo.proc.wait(40) == 0, demo.output()
+    assert "stopped" in demo.output()
+
+
+def gone(pid: int, created: float) -> bool:
+    try:
+        proc = psutil.Process(pid)
+        return proc.create_time() != created or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_demo_single_flight_admin_and_clean_shutdown(demo_factory: DemoFactory) -> None:
+    demo = demo_factory()
+    username, password = wait_until_ready(demo)
+    started = demo.processes()
+    cmdlines = " ".join(" ".join(psutil.Process(p).cmdline()) for p in started)
+    for part in ("redis-server", "worker -P prefork", "beat", "runserver"):
+        assert part in cmdlines, f"{part!r} not among the demo's processes: {cmdlines}"
+    redis_url = (demo.var_dir / "redis.url").read_text().strip()
+
+    browser = Browser(demo.base_url)
+
+    # Log into the admin with the printed credentials; the index links the Locks page.
+    admin_index = browser.submit(
+        "admin/login/?next=/admin/",
+        "admin/login/?next=/admin/",
+        {"username": username, "password": password, "next": "/admin/"},
+    )
+    locks_link = re.search(r'href="([^"]*/django_redislock/lock/)"[^>]*>\s*Locks\s*<', admin_index)
+    assert locks_link, "no Locks entry on the admin index after logging in"
+
+    # Five clicks on "Build report" for account 7: one task published, the rest folded into it.
+    page = browser.submit("", "enqueue/report/", {"account_id": "7", "copies": "5"})
+    assert "requested 5 times: 1 task published" in page, page
+
+    # Two workers recalculate invoice 42 at once through the @distributed_lock function.
+    browser.submit("", "enqueue/invoice/", {"invoice_id": "42"})
+
+    # The lock shows on the admin Locks page while the job is queued or running.
+    wait_for(lambda: "report:7" in browser.get(locks_link.group(1)), 10, "report:7 in the admin")
+
+    # The guarded management command, run twice at once: the second refuses (exit status 1).
+    command_env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "demo.settings",
+        "DEMO_VAR_DIR": str(demo.var_dir),
+    }
+    command_env.pop("REDIS_URL", None)  # found through var/redis.url, as in a second terminal
+    manage = [sys.executable, "manage.py", "rebuild_search_index"]
+    first = subprocess.Popen(
+        [*manage, "--seconds", "4"],
+        cwd=DEMO,
+        env=command_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_for(
+        lambda: any(
+            lock["name"] == "command:rebuild_search_index"
+            for lock in browser.json("status.json")["locks"]
+        ),
+        15,
+        "the first rebuild_search_index to take its lock",
+    )
+    second = subprocess.run(
+        [*manage, "--seconds", "0"],
+        cwd=DEMO,
+        env=command_env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert "rebuild_search_index" in second.stderr
+    first_out, _ = first.communicate(timeout=30)
+    assert first.returncode == 0, first_out
+    assert "search index rebuilt" in first_out
+
+    # The report body ran exactly once, and its lock is gone once it finished.
+    def report_finished() -> dict[str, Any] | None:
+        status = browser.json("status.json")
+        runs = [e for e in status["executions"] if e["lock_name"] == "report:7"]
+        done = runs and all(e["outcome"] == "done" for e in runs)
+        held = any(lock["name"] == "report:7" for lock in status["locks"])
+        return status if done and not held else None
+
+    wait_for(report_finished, 20, "the report to finish and release its lock")
+    time.sleep(1)
+    status = browser.json("status.json")
+    assert status["runs"]["report:7"] == 1, status["executions"]
+    # Beat fires every second, each sync takes 1.5 s: several runs, none overlapping.
+    assert status["runs"].get("inventory-sync", 0) >= 2, status["executions"]
+    assert status["overlaps"]["inventory-sync"] == 0, status["executions"]
+    # Both invoice recalculations ran, one after the other.
+    status = wait_for(
+        lambda: (
+            (s := browser.json("status.json"))["runs"].get("invoice:42") == 2
+            and all(e["finished_at"] for e in s["executions"] if e["lock_name"] == "invoice:42")
+            and s
+        ),
+        15,
+        "both invoice recalculations to finish",
+    )
+    assert status["overlaps"]["invoice:42"] == 0, status["executions"]
+    started.update(demo.processes())
+
+    # Ctrl-C: everything stops, nothing is left behind.
+    stop(demo)
+    left = [pid for pid, created in started.items() if not gone(pid, created)]
+    assert not left, f"processes left behind: {left}\n{demo.output()[-3000:]}"
+    assert not (demo.var_dir / "redis.url").exists()
+    port = int(redis_url.rsplit(":", 1)[1])
+    for listening in (port, demo.port):
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", listening), 1).close()
+
+
+def test_demo_uses_redis_url_and_leaves_that_server_running(
+    demo_factory: DemoFactory, redis_factory: type[RedisServer]
+) -> None:
+    external = redis_factory().start()
+    demo = demo_factory("--no-beat", REDIS_URL=external.url)
+    wait_until_ready(demo)
+    commands = [" ".join(psutil.Process(pid).cmdline()) for pid in demo.processes()]
+    assert not any("redis-server" in c for c in commands), commands
+    assert not (demo.var_dir / "redis.url").exists()
+
+    page = Browser(demo.base_url).submit("", "enqueue/report/", {"account_id": "3", "copies": "2"})
+    assert "requested 2 times: 1 task published" in page, page
+    # The lock and the Celery broker live in the given server (databases 0 and 1).
+    assert any(b"report:3" in key for key in external.client(0).keys("*")), "no lock in db 0"
+    assert external.client(1).exists("_kombu.binding.celery")
+
+    stop(demo)
+    assert external.client().ping(), "the demo stopped a Redis server it did not start"

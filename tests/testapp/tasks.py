@@ -1,0 +1,178 @@
+"""Celery tasks of the test project, used by ``tests/test_celery.py`` and the Celery fault tests.
+
+Every single-flight task reports what it saw to Redis (db 0, flushed before each test), so tests can
+check from the outside what ran where and whether two runs of one key ever overlapped:
+
+- ``events``   list of JSON objects ``{"event": "start"|"end", "key", "task_id", "pid", ...}``
+- ``active:<key>`` number of bodies of ``key`` running right now
+- ``overlaps`` list of keys whose bodies ran concurrently (must stay empty)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+from celery import shared_task
+from celery.exceptions import Ignore, Reject
+from django.conf import settings
+
+from django_redislock import force_release, get_lock_info
+from django_redislock.celery import SingleFlightTask
+
+_client: redis.Redis | None = None
+
+
+def observer() -> redis.Redis:
+    global _client
+    if _client is None or _client.connection_pool.pid != os.getpid():
+        _client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+    return _client
+
+
+def events(kind: str | None = None) -> list[dict[str, Any]]:
+    found = [json.loads(raw) for raw in observer().lrange("events", 0, -1)]
+    return [e for e in found if kind is None or e["event"] == kind]
+
+
+def _emit(event: str, **data: Any) -> None:
+    observer().rpush("events", json.dumps({"event": event, "pid": os.getpid(), "at": time.time(),
+                                           **data}))
+
+
+@contextmanager
+def observed(task: Any, key: str) -> Iterator[None]:
+    """Record start/end of a body and any overlap with another body of the same key."""
+    client = observer()
+    info = get_lock_info(key)
+    if client.incr(f"active:{key}") > 1:
+        client.rpush("overlaps", key)
+    _emit("start", key=key, task_id=task.request.id, retries=task.request.retries,
+          holder=info.task_id if info else None, holds=info.hold_count if info else 0)
+    try:
+        yield
+    finally:
+        client.decr(f"active:{key}")
+        _emit("end", key=key, task_id=task.request.id, lock_lost=task.lock_lost)
+
+
+# -- keys only (never consumed) ----------------------------------------------------------------
+@shared_task(base=SingleFlightTask, lock_timeout=30)
+def unconsumed_keyed(x: int = 1, options: dict[str, Any] | None = None, *rest: Any,
+                     **extra: Any) -> None:
+    """Default key: task name + hash of the bound arguments."""
+
+
+@shared_task(bind=True, base=SingleFlightTask, lock_timeout=30)
+def unconsumed_bound(self: Any, x: int = 1) -> None:
+    """Bound task, default key: ``self`` is not part of it."""
+
+
+@shared_task(base=SingleFlightTask, lock_key="race:{x}", lock_timeout=30)
+def unconsumed_race(x: int) -> None:
+    """Target of the concurrent-publish races."""
+
+
+@shared_task(base=SingleFlightTask, lock_key="race:{x}", lock_timeout=30, lock_on_duplicate="raise")
+def unconsumed_race_raise(x: int) -> None:
+    """Same key as unconsumed_race, duplicates raise."""
+
+
+@shared_task(base=SingleFlightTask, lock_key=lambda account, **kw: f"acct:{account['id']}",
+             lock_timeout=30)
+def unconsumed_callable_key(account: dict[str, Any], full: bool = False) -> None:
+    """Key from a callable."""
+
+
+# -- run on a worker -----------------------------------------------------------------------------
+@shared_task(bind=True, base=SingleFlightTask, lock_key="work:{name}", lock_timeout=2)
+def work(self: Any, name: str, seconds: float = 0.0, fail: bool = False) -> str:
+    with observed(self, f"work:{name}"):
+        time.sleep(seconds)
+        if fail:
+            raise ValueError(f"work {name} failed on purpose")
+    return f"done {name}"
+
+
+@shared_task(bind=True, base=SingleFlightTask, lock_key="work:{name}", lock_timeout=2,
+             lock_on_duplicate="raise")
+def work_raise(self: Any, name: str, seconds: float = 0.0) -> str:
+    with observed(self, f"work:{name}"):
+        time.sleep(seconds)
+    return f"done {name}"
+
+
+@shared_task(bind=True, base=SingleFlightTask, lock_key="short:{name}", lock_timeout=1)
+def short_lease(self: Any, name: str, seconds: float = 0.0) -> str:
+    """Like ``work`` with a 1 s lease, renewed every 1/3 s while it runs."""
+    with observed(self, f"short:{name}"):
+        time.sleep(seconds)
+    return f"done {name}"
+
+
+@shared_task(bind=True, base=SingleFlightTask, lock_key="slow:{name}", lock_timeout=20)
+def slow_lease(self: Any, name: str, seconds: float = 0.0) -> str:
+    """Like ``work`` with a long lease: shows who frees the key before the lease would."""
+    with observed(self, f"slow:{name}"):
+        time.sleep(seconds)
+    return f"done {name}"
+
+
+@shared_task(bind=True, base=SingleFlightTask, lock_key="retry:{name}", lock_timeout=2,
+             max_retries=5)
+def retrying(self: Any, name: str, failures: int, countdown: float = 0.0,
+             seconds: float = 0.0) -> int:
+    with observed(self, f"retry:{name}"):
+        time.sleep(seconds)
+    if self.request.retries < failures:
+        raise self.retry(countdown=countdown)
+    return self.request.retries
+
+
+@shared_task(bind=True, base=SingleFlightTask, lock_key="exit:{name}", lock_timeout=2)
+def ignoring(self: Any, name: str) -> None:
+    with observed(self, f"exit:{name}"):
+        pass
+    raise Ignore()
+
+
+@shared_task(bind=True, base=SingleFlightTask, lock_key="exit:{name}", lock_timeout=2)
+def rejecting(self: Any, name: str) -> None:
+    with observed(self, f"exit:{name}"):
+        pass
+    raise Reject("rejected on purpose", requeue=False)
+
+
+@shared_task(bind=True, base=SingleFlightTask, lock_key="work:{name}", lock_timeout=2)
+def replacing(self: Any, name: str, same_key: bool) -> None:
+    with observed(self, f"work:{name}"):
+        pass
+    if same_key:
+        return self.replace(work.si(name, 0.3))
+    return self.replace(plain.si(name))
+
+
+@shared_task(bind=True, base=SingleFlightTask, lock_key="lose:{name}", lock_timeout=1)
+def lose_lock(self: Any, name: str) -> bool:
+    with observed(self, f"lose:{name}"):
+        force_release(f"lose:{name}")
+        time.sleep(1.2)  # more than one renewal interval (timeout / 3)
+        return bool(self.lock_lost)
+
+
+@shared_task(bind=True, base=SingleFlightTask, lock_key="beat:tick", lock_timeout=1)
+def beat_tick(self: Any) -> None:
+    with observed(self, "beat:tick"):
+        time.sleep(2.5)
+
+
+@shared_task
+def plain(value: Any = None) -> Any:
+    """An ordinary task: callback target, replacement and benchmark baseline."""
+    _emit("plain", value=value)
+    return value
