@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -103,3 +105,35 @@ def start_holder(
         proc.wait(10)
         raise RuntimeError(f"holder for {name!r} exited with {proc.returncode} before acquiring")
     return proc, json.loads(line)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned), or fail the test."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def holders() -> Iterator[list[subprocess.Popen[str]]]:
+    """Child processes holding locks (see :func:`hold`); killed by PID at the end of the test."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def hold(holders: list[subprocess.Popen[str]], name: str, *args: str) -> dict[str, object]:
+    """Hold ``name`` in another process (renewed by its watchdog) until the test ends."""
+    proc, info = start_holder(name, "--timeout", "10", *args)
+    holders.append(proc)
+    return info

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +18,7 @@ from django.urls import reverse
 
 from django_redislock import Lock, LockNotOwnedError, get_lock_info, stats
 from django_redislock.admin import LockAdmin, name_glob, parse_selection
-from tests.conftest import start_holder
+from tests.conftest import hold
 
 pytestmark = pytest.mark.django_db
 
@@ -34,25 +33,6 @@ def list_url(**query: str) -> str:
 
 def detail_url(name: str) -> str:
     return reverse("admin:django_redislock_lock_change", args=[quote(name)])
-
-
-@pytest.fixture
-def holders() -> Iterator[list[subprocess.Popen[str]]]:
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-
-def hold(holders: list[subprocess.Popen[str]], name: str, *args: str) -> dict[str, object]:
-    """Hold ``name`` in another process (renewed by its watchdog) until the test ends."""
-    proc, info = start_holder(name, "--timeout", "10", *args)
-    holders.append(proc)
-    return info
 
 
 @pytest.fixture

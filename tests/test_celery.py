@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -40,23 +40,12 @@ from django_redislock.celery import (
     task_skipped,
 )
 from django_redislock.stats import get_stats
-from tests.conftest import ROOT, subprocess_env
+from tests.conftest import ROOT, subprocess_env, wait_for
 from tests.testapp import tasks
 from tests.testapp.celery_app import app
 
 BROKER_DB = 1
 RESULT_DB = 2
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 def broker() -> redis.Redis:

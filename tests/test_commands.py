@@ -15,26 +15,7 @@ from django.core.management.base import CommandError
 
 from django_redislock import Lock, get_lock_info, stats
 from django_redislock.management.base import LockedCommand
-from tests.conftest import ROOT, start_holder, subprocess_env
-
-
-@pytest.fixture
-def holders() -> Iterator[list[subprocess.Popen[str]]]:
-    """Child processes holding locks; killed (by PID) at the end of the test."""
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-
-def hold(holders: list[subprocess.Popen[str]], name: str, *args: str) -> dict[str, object]:
-    proc, info = start_holder(name, "--timeout", "10", *args)
-    holders.append(proc)
-    return info
+from tests.conftest import ROOT, hold, subprocess_env
 
 
 def manage(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

@@ -22,23 +22,12 @@ import redis
 
 from django_redislock import Lock, get_lock_info
 from django_redislock.celery import SKIPPED
-from tests.conftest import ROOT, subprocess_env
+from tests.conftest import ROOT, subprocess_env, wait_for
 from tests.testapp import tasks
 from tests.testapp.celery_app import app
 
 LOCK_TIMEOUT = 2.0  # lock_timeout of tasks.work
 SLACK = 0.5  # scheduling noise on a loaded 2-core machine
-
-
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 class WorkerProcess:
