@@ -7,7 +7,7 @@
 #   make matrix             oldest and newest supported Python/Django/Celery/redis-py (tox)
 #
 # The first target run creates .venv (PYTHON=... picks the interpreter) and installs the package
-# in editable mode with its test, celery and lint extras; later runs reinstall only when
+# in editable mode with its test, celery, lint and bench extras; later runs reinstall only when
 # setup.cfg or pyproject.toml changed.
 
 VENV ?= .venv
