@@ -26,12 +26,13 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 from django_redislock import client as redis_client
 from django_redislock import scripts, signals
-from django_redislock.conf import get_settings
+from django_redislock.conf import LockSettings, get_settings
 from django_redislock.exceptions import (
     LockBackendError,
     LockLostError,
@@ -109,6 +110,18 @@ def _on_lost(hold: Hold) -> None:
 watchdog.on_lost = _on_lost
 
 
+@dataclass(frozen=True)
+class _Target:
+    """Where a ``Lock`` lives: its client and keys under the settings they were built from."""
+
+    settings: LockSettings
+    client: Any
+    lock_key: str
+    script_keys: list[str]  # lock, fence, queue: the KEYS of acquire/release
+    wake_prefix: str
+    lease_ms: int
+
+
 def _check_seconds(value: object, what: str, *, allow_none: bool = True) -> float | None:
     if value is None:
         if allow_none:
@@ -159,22 +172,21 @@ class Lock:
         # owner -> the last Hold this object took for that owner (kept after release/loss so
         # ``fencing_token`` and ``lost`` still answer).
         self._last: dict[str, Hold] = {}
-        self._static: tuple[Any, ...] | None = None
+        self._target: _Target | None = None
 
-    def _resolve(self) -> tuple[Any, ...]:
-        """(settings, client, lock key, [lock, fence, queue keys], wake prefix, lease ms), cached
-        until the settings object changes (``setting_changed`` replaces it)."""
+    def _resolve(self) -> _Target:
+        """Client and keys of this lock, cached until the settings change (``setting_changed``
+        replaces the settings object): the hot path builds no strings."""
         settings = get_settings()
-        static = self._static
-        if static is not None and static[0] is settings:
-            return static
-        client = self._client()
-        keys = self._keys()
-        name = self.name
-        static = self._static = (settings, client, keys.lock(name),
-                                 [keys.lock(name), keys.fence(name), keys.queue(name)],
-                                 keys.wake_prefix(name), int(self.timeout * 1000))
-        return static
+        target = self._target
+        if target is None or target.settings is not settings:
+            keys = redis_client.keyspace(self.using)
+            target = self._target = _Target(
+                settings=settings, client=redis_client.get_client(self.using),
+                lock_key=keys.lock(self.name),
+                script_keys=[keys.lock(self.name), keys.fence(self.name), keys.queue(self.name)],
+                wake_prefix=keys.wake_prefix(self.name), lease_ms=int(self.timeout * 1000))
+        return target
 
     def __repr__(self) -> str:
         return f"<Lock {self.name!r} using={self.using or get_settings().cache!r}>"
@@ -192,14 +204,9 @@ class Lock:
     def owner(self) -> str:
         return self._owner or default_owner()
 
-    def _client(self) -> Any:
-        return redis_client.get_client(self.using)
-
-    def _keys(self) -> redis_client.KeySpace:
-        return redis_client.keyspace(self.using)
-
     def _hold(self) -> Hold | None:
-        return _holds.get((id(self._client()), self._keys().lock(self.name), self.owner))
+        target = self._resolve()
+        return _holds.get((id(target.client), target.lock_key, self.owner))
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -218,12 +225,14 @@ class Lock:
         return bool(hold and hold.lost)
 
     def locked(self) -> bool:
+        target = self._resolve()
         with redis_client.backend_errors(f"inspect lock {self.name!r}"):
-            return redis_client.lock_exists(self._client(), self._keys().lock(self.name))
+            return redis_client.lock_exists(target.client, target.lock_key)
 
     def owned(self) -> bool:
+        target = self._resolve()
         with redis_client.backend_errors(f"inspect lock {self.name!r}"):
-            record = redis_client.read_lock(self._client(), self._keys().lock(self.name))
+            record = redis_client.read_lock(target.client, target.lock_key)
         return record is not None and record.owner == self.owner
 
     # -- acquire -------------------------------------------------------------------------------
@@ -238,8 +247,8 @@ class Lock:
         started = time.monotonic()
         deadline = None if limit is None else started + limit
         owner = self.owner
-        _settings, client, lock_key, base_keys, wake_prefix, lease_ms = self._resolve()
-        keys = self._keys()
+        target = self._resolve()
+        client, lock_key = target.client, target.lock_key
         if not self.reentrant:
             hold = _holds.get((id(client), lock_key, owner))
             if hold is not None and not hold.lost:
@@ -249,7 +258,7 @@ class Lock:
                 )
         meta = _meta(self._task_id or _current_task_id())
         waiter = f"{_process_token}.{next(_waiter_seq)}" if blocking and limit != 0 else ""
-        key_list = [*base_keys, wake_prefix + (waiter or "-")]
+        key_list = [*target.script_keys, target.wake_prefix + (waiter or "-")]
         entry = ""
         contended = False
         sock_timeout = redis_client.socket_timeout(client)
@@ -258,7 +267,7 @@ class Lock:
                 entry_lease = self._wait_span(deadline, self.timeout) + _ENTRY_MARGIN
                 with redis_client.backend_errors(f"acquire lock {self.name!r}"):
                     state, value, extra = scripts.ACQUIRE(client, key_list, [
-                        owner, lease_ms, meta, waiter, int(entry_lease * 1000), entry,
+                        owner, target.lease_ms, meta, waiter, int(entry_lease * 1000), entry,
                         int(time.time() * 1000)])
                 if state == 1:
                     return self._acquired(client, lock_key, owner, int(value), int(extra),
@@ -279,14 +288,14 @@ class Lock:
                         return self._acquired(client, lock_key, owner, int(handed), 1, started,
                                               True)
                 if deadline is not None and time.monotonic() >= deadline:
-                    token = self._cancel(client, keys, waiter, entry)
+                    token = self._cancel(target, key_list[3], entry)
                     entry = ""
                     if token:
                         return self._acquired(client, lock_key, owner, token, 1, started, True)
                     return self._failed(started)
         except BaseException:
             if entry:
-                self._abandon_wait(client, keys, waiter, entry, lock_key, owner)
+                self._abandon_wait(target, key_list[3], entry, owner)
             raise
 
     @staticmethod
@@ -295,18 +304,16 @@ class Lock:
             return cap
         return max(0.0, min(cap, deadline - time.monotonic()))
 
-    def _cancel(self, client: Any, keys: redis_client.KeySpace, waiter: str, entry: str) -> int:
+    def _cancel(self, target: _Target, wake_key: str, entry: str) -> int:
         with redis_client.backend_errors(f"stop waiting for lock {self.name!r}"):
-            return int(scripts.CANCEL(client, [keys.queue(self.name), keys.wake(self.name, waiter)],
-                                      [entry]))
+            return int(scripts.CANCEL(target.client, [target.script_keys[2], wake_key], [entry]))
 
-    def _abandon_wait(self, client: Any, keys: redis_client.KeySpace, waiter: str, entry: str,
-                      lock_key: str, owner: str) -> None:
+    def _abandon_wait(self, target: _Target, wake_key: str, entry: str, owner: str) -> None:
         """Interrupted while queued: leave the queue; pass on a lock handed to us meanwhile."""
         try:
-            if self._cancel(client, keys, waiter, entry):
-                scripts.RELEASE(client, [lock_key, keys.fence(self.name), keys.queue(self.name)],
-                                [owner, "1", keys.wake_prefix(self.name)])
+            if self._cancel(target, wake_key, entry):
+                scripts.RELEASE(target.client, target.script_keys,
+                                [owner, "1", target.wake_prefix])
         except Exception:  # the original interruption matters more; the lease bounds the damage
             logger.warning("django_redislock: could not clean up the wait for %r", self.name,
                            exc_info=True)
@@ -353,14 +360,14 @@ class Lock:
         hold the lock — never held, already released, expired, or force-released.
         """
         owner = self.owner
-        _settings, client, lock_key, base_keys, wake_prefix, _lease = self._resolve()
-        ident = (id(client), lock_key, owner)
+        target = self._resolve()
+        ident = (id(target.client), target.lock_key, owner)
         hold = _holds.get(ident)
         if hold is not None and (all_holds or hold.count <= 1):
             watchdog.unregister(hold)  # before the script: never renew a released lock
         with redis_client.backend_errors(f"release lock {self.name!r}"):
-            left = int(scripts.RELEASE(client, base_keys,
-                                       [owner, "1" if all_holds else "0", wake_prefix]))
+            left = int(scripts.RELEASE(target.client, target.script_keys,
+                                       [owner, "1" if all_holds else "0", target.wake_prefix]))
         if left < 0:
             if hold is not None:
                 self._mark_lost(hold)
@@ -399,11 +406,10 @@ class Lock:
     def renew(self) -> None:
         """Reset the lease to ``timeout``; :class:`LockNotOwnedError` if no longer held."""
         owner = self.owner
-        client = self._client()
-        lock_key = self._keys().lock(self.name)
+        target = self._resolve()
         with redis_client.backend_errors(f"renew lock {self.name!r}"):
-            ok = int(scripts.RENEW(client, [lock_key], [owner, int(self.timeout * 1000)]))
-        hold = _holds.get((id(client), lock_key, owner))
+            ok = int(scripts.RENEW(target.client, [target.lock_key], [owner, target.lease_ms]))
+        hold = self._hold()
         if not ok:
             if hold is not None:
                 self._mark_lost(hold)
