@@ -107,7 +107,8 @@ def start_holder(
     return proc, json.loads(line)
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, *,
+             what: str = "condition") -> Any:
     """Poll ``predicate`` until it returns something truthy (returned), or fail the test."""
     deadline = time.monotonic() + timeout
     while True:
@@ -115,7 +116,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: floa
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
 
 

@@ -30,22 +30,12 @@ from typing import Any, TypeVar
 import psutil
 import pytest
 
+from tests.conftest import wait_for
 from tests.redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "example_project"
 T = TypeVar("T")
-
-
-def wait_for(check: Callable[[], T | None], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.2)
 
 
 class Browser:
@@ -147,7 +137,8 @@ def wait_until_ready(demo: Demo) -> tuple[str, str]:
     wait_for(
         lambda: "ready: " in demo.output() or demo.proc.poll() is not None,
         60,
-        "the demo to print 'ready'",
+        0.2,
+        what="the demo to print 'ready'",
     )
     assert demo.proc.poll() is None, demo.output()
     assert f"ready: {demo.base_url}" in demo.output()
@@ -199,7 +190,8 @@ def test_demo_single_flight_admin_and_clean_shutdown(demo_factory: DemoFactory) 
     browser.submit("", "enqueue/invoice/", {"invoice_id": "42"})
 
     # The lock shows on the admin Locks page while the job is queued or running.
-    wait_for(lambda: "report:7" in browser.get(locks_link.group(1)), 10, "report:7 in the admin")
+    wait_for(lambda: "report:7" in browser.get(locks_link.group(1)), 10, 0.2,
+             what="report:7 in the admin")
 
     # The guarded management command, run twice at once: the second refuses (exit status 1).
     command_env = {
@@ -223,7 +215,8 @@ def test_demo_single_flight_admin_and_clean_shutdown(demo_factory: DemoFactory) 
             for lock in browser.json("status.json")["locks"]
         ),
         15,
-        "the first rebuild_search_index to take its lock",
+        0.2,
+        what="the first rebuild_search_index to take its lock",
     )
     second = subprocess.run(
         [*manage, "--seconds", "0"],
@@ -247,7 +240,7 @@ def test_demo_single_flight_admin_and_clean_shutdown(demo_factory: DemoFactory) 
         held = any(lock["name"] == "report:7" for lock in status["locks"])
         return status if done and not held else None
 
-    wait_for(report_finished, 20, "the report to finish and release its lock")
+    wait_for(report_finished, 20, 0.2, what="the report to finish and release its lock")
     time.sleep(1)
     status = browser.json("status.json")
     assert status["runs"]["report:7"] == 1, status["executions"]
@@ -262,7 +255,8 @@ def test_demo_single_flight_admin_and_clean_shutdown(demo_factory: DemoFactory) 
             and s
         ),
         15,
-        "both invoice recalculations to finish",
+        0.2,
+        what="both invoice recalculations to finish",
     )
     assert status["overlaps"]["invoice:42"] == 0, status["executions"]
     started.update(demo.processes())
