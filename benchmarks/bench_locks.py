@@ -544,6 +544,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         res["watchdog"] = bench_watchdog(conn, 1000, 3.0, 2.0 if args.quick else 4.0)
         targets = report(res)
         res["targets"] = [{"target": t, "pass": ok} for t, ok in targets]
+        from django_redislock import stats
+
+        stats.flush()  # while the server is still up (the exit-time flush would find it gone)
     res["wall_s"] = time.monotonic() - wall
     print(f"\nwall time {res['wall_s']:.1f} s")
     if args.json:
