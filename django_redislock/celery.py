@@ -303,6 +303,11 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
       bound arguments.
     - ``lock_timeout``: lease in seconds (default: ``REDISLOCK["TIMEOUT"]``), renewed while the body
       runs; a queued message's lease is ``lock_timeout`` plus its countdown/eta.
+    - ``lock_queue_timeout``: lease in seconds of a *queued* message (plus its countdown/eta);
+      ``None`` (default) = ``lock_timeout``. Nobody can renew a message sitting in the broker, so
+      raise it above your worst queue wait if the queue backs up: once a queued lease runs out, a
+      second publish goes through (the worker still never runs the two at once: one is
+      ``SKIPPED``). The price is that a message lost by the broker keeps its key for that long.
     - ``lock_on_duplicate``: ``"return"`` (the in-flight task's ``AsyncResult``) or ``"raise"``
       (:class:`DuplicateTaskError`). A duplicate that carries callbacks (``link``/``link_error``),
       belongs to a chain, group or chord, or was given its own ``task_id`` always raises: returning
@@ -314,6 +319,7 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
 
     lock_key: str | Callable[..., str] | None = None
     lock_timeout: float | None = None
+    lock_queue_timeout: float | None = None
     lock_on_duplicate: str = "return"
     lock_using: str | None = None
 
@@ -327,11 +333,12 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         if cls.lock_on_duplicate not in _DUPLICATE_CHOICES:
             raise ValueError(f"lock_on_duplicate must be 'return' or 'raise', not "
                              f"{cls.lock_on_duplicate!r} (task {cls.__qualname__}).")
-        timeout = cls.lock_timeout
-        if timeout is not None and (isinstance(timeout, bool)
-                                    or not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"lock_timeout must be a positive number of seconds or None, not "
-                             f"{timeout!r} (task {cls.__qualname__}).")
+        for option in ("lock_timeout", "lock_queue_timeout"):
+            timeout = getattr(cls, option)
+            if timeout is not None and (isinstance(timeout, bool)
+                                        or not isinstance(timeout, (int, float)) or timeout <= 0):
+                raise ValueError(f"{option} must be a positive number of seconds or None, not "
+                                 f"{timeout!r} (task {cls.__qualname__}).")
         cls._lock_name_of = _key_function(cls, cls.lock_key)
 
     # -- keys ----------------------------------------------------------------------------------
@@ -348,6 +355,11 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         from django_redislock.conf import get_settings
 
         return get_settings().timeout
+
+    def _queue_lease(self, options: Mapping[str, Any]) -> float:
+        """Lease of a message waiting in the broker: queue timeout + its countdown/eta."""
+        queued = self.lock_queue_timeout
+        return (float(queued) if queued is not None else self._lease()) + _delay_seconds(options)
 
     def _lock(self, key: str, task_id: str, timeout: float, *, auto_renew: bool) -> Lock:
         lock = Lock(key, timeout=timeout, auto_renew=auto_renew, using=self.lock_using,
@@ -372,8 +384,7 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
                                    options)
         explicit_id = task_id is not None
         task_id = task_id or celery_uuid()
-        lease = self._lease() + _delay_seconds(options)
-        lock = self._lock(key, task_id, lease, auto_renew=False)
+        lock = self._lock(key, task_id, self._queue_lease(options), auto_renew=False)
         for _ in range(3):
             if lock.acquire(blocking=False):
                 count, token = lock.detach()  # before publishing: a local worker may start it
@@ -428,8 +439,8 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         headers.update({HEADER_KEY: run.key, HEADER_TOKEN: None, HEADER_HOLDS: 0,
                         HEADER_USING: self.lock_using})
         if count:
-            queued = self._lock(run.key, run.task_id,
-                                self._lease() + _delay_seconds(options), auto_renew=False)
+            queued = self._lock(run.key, run.task_id, self._queue_lease(options),
+                                auto_renew=False)
             try:
                 queued.renew()
             except LockNotOwnedError:

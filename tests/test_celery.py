@@ -173,7 +173,7 @@ def test_template_naming_an_unknown_parameter_fails_when_the_task_is_defined(res
 
 
 @pytest.mark.parametrize("options", [{"lock_on_duplicate": "ignore"}, {"lock_timeout": 0},
-                                     {"lock_key": 42}])
+                                     {"lock_queue_timeout": -1}, {"lock_key": 42}])
 def test_bad_task_options_fail_when_the_task_is_defined(restore_finalizers, options):
     def task_body(x: int) -> None: ...
 
@@ -262,6 +262,20 @@ def test_a_countdown_extends_the_queued_lease_by_the_delay(empty_unconsumed_queu
     tasks.unconsumed_race.apply_async((7,), eta=dt.datetime.now(dt.timezone.utc)
                                       + dt.timedelta(seconds=10))
     assert 38 < get_lock_info("race:7").expires_in <= 40
+
+
+def test_lock_queue_timeout_sets_the_queued_lease(empty_unconsumed_queue):
+    tasks.unconsumed_backlog.delay(1)
+    assert 295 < get_lock_info("backlog:1").expires_in <= 300
+    tasks.unconsumed_backlog.apply_async((2,), countdown=20)
+    assert 315 < get_lock_info("backlog:2").expires_in <= 320
+
+
+def test_a_running_task_holds_the_running_lease_not_the_queued_one(worker):
+    tasks.backlog_run.delay("b")
+    [event] = wait_for(lambda: tasks.events("lease"))
+    assert 0 < event["expires_in"] <= 1.0
+    wait_for(lambda: get_lock_info("backlog-run:b") is None)
 
 
 @pytest.mark.parametrize("canvas", ["link", "link_error", "chain", "group"])

@@ -78,6 +78,19 @@ def unconsumed_race(x: int) -> None:
     """Target of the concurrent-publish races."""
 
 
+@shared_task(base=SingleFlightTask, lock_key="backlog:{x}", lock_timeout=1, lock_queue_timeout=300)
+def unconsumed_backlog(x: int) -> None:
+    """Queued lease longer than the running lease (a queue that may back up)."""
+
+
+@shared_task(bind=True, base=SingleFlightTask, lock_key="backlog-run:{name}", lock_timeout=1,
+             lock_queue_timeout=300)
+def backlog_run(self: Any, name: str) -> None:
+    """Reports the lease it runs under: the running lease, not the queued one."""
+    info = get_lock_info(f"backlog-run:{name}")
+    _emit("lease", expires_in=info.expires_in if info else None)
+
+
 @shared_task(base=SingleFlightTask, lock_key="race:{x}", lock_timeout=30, lock_on_duplicate="raise")
 def unconsumed_race_raise(x: int) -> None:
     """Same key as unconsumed_race, duplicates raise."""
