@@ -35,7 +35,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -145,63 +145,59 @@ def _flush_forever() -> None:
 # --- receivers (hot path: no I/O) -------------------------------------------------------------
 
 
+def _record(key: _Key, update: Callable[[_Tally], None]) -> None:
+    """Apply ``update`` to the tally of ``key`` (when statistics are on and there is room)."""
+    if not _enabled():
+        return
+    with _mutex:
+        tally = _tally(key)
+        if tally is not None:
+            update(tally)
+    _ensure_flusher()
+
+
 def _on_acquired(sender: Any, *, lock: Any = None, name: str, waited: float = 0.0,
                  contended: bool = False, **kwargs: Any) -> None:
-    if not _enabled():
-        return
-    with _mutex:
-        tally = _tally(_lock_key(lock, name))
-        if tally is not None:
-            tally.acquired += 1
-            tally.contended += bool(contended)
-            tally.wait_total += waited
-            tally.wait_max = max(tally.wait_max, waited)
-    _ensure_flusher()
+    def update(tally: _Tally) -> None:
+        tally.acquired += 1
+        tally.contended += bool(contended)
+        tally.wait_total += waited
+        tally.wait_max = max(tally.wait_max, waited)
+
+    _record(_lock_key(lock, name), update)
 
 
-def _on_acquire_failed(sender: Any, *, lock: Any = None, name: str, waited: float = 0.0,
-                       **kwargs: Any) -> None:
-    if not _enabled():
-        return
-    with _mutex:
-        tally = _tally(_lock_key(lock, name))
-        if tally is not None:
-            tally.failed += 1
-    _ensure_flusher()
+def _on_acquire_failed(sender: Any, *, lock: Any = None, name: str, **kwargs: Any) -> None:
+    def update(tally: _Tally) -> None:
+        tally.failed += 1
+
+    _record(_lock_key(lock, name), update)
 
 
 def _on_released(sender: Any, *, lock: Any = None, name: str, held: float = 0.0,
                  **kwargs: Any) -> None:
-    if not _enabled():
-        return
-    with _mutex:
-        tally = _tally(_lock_key(lock, name))
-        if tally is not None:
-            tally.released += 1
-            tally.hold_total += held
-            tally.hold_max = max(tally.hold_max, held)
-    _ensure_flusher()
+    def update(tally: _Tally) -> None:
+        tally.released += 1
+        tally.hold_total += held
+        tally.hold_max = max(tally.hold_max, held)
+
+    _record(_lock_key(lock, name), update)
 
 
 def _on_lost(sender: Any, *, lock: Any = None, name: str, **kwargs: Any) -> None:
-    if not _enabled():
-        return
-    with _mutex:
-        tally = _tally(_lock_key(lock, name))
-        if tally is not None:
-            tally.lost += 1
-    _ensure_flusher()
+    def update(tally: _Tally) -> None:
+        tally.lost += 1
+
+    _record(_lock_key(lock, name), update)
 
 
 def _on_force_released(sender: Any, *, name: str, using: str | None = None,
                        released: bool = False, **kwargs: Any) -> None:
-    if not released or not _enabled():
-        return
-    with _mutex:
-        tally = _tally((using, name))
-        if tally is not None:
-            tally.force_released += 1
-    _ensure_flusher()
+    def update(tally: _Tally) -> None:
+        tally.force_released += 1
+
+    if released:
+        _record((using, name), update)
 
 
 _RECEIVERS = {
