@@ -65,9 +65,6 @@ class KeySpace:
     def wake_prefix(self, name: str) -> str:
         return f"{self.namespace}:wake:{{{name}}}:"
 
-    def wake(self, name: str, waiter: str) -> str:
-        return self.wake_prefix(name) + waiter
-
     def stats(self, stats_name: str) -> str:
         return f"{self.namespace}:stats:{stats_name}"
 

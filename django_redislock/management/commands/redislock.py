@@ -96,13 +96,8 @@ class Command(BaseCommand):
 
         for info in list_locks(match=match, using=using):
             if as_json:
-                self.stdout.write(_dumps({
-                    "name": info.name, "owner": info.owner, "host": info.host, "pid": info.pid,
-                    "thread": info.thread, "task_id": info.task_id,
-                    "fencing_token": info.fencing_token, "hold_count": info.hold_count,
-                    "acquired_at": info.acquired_at.isoformat(),
-                    "expires_in": round(info.expires_in, 3),
-                }))
+                self.stdout.write(_dumps({**info.as_dict(),
+                                          "expires_in": round(info.expires_in, 3)}))
             else:
                 task = f" task={info.task_id}" if info.task_id else ""
                 self.stdout.write(
