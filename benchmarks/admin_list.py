@@ -38,11 +38,22 @@ def populate(client, namespace: str, count: int) -> None:  # type: ignore[no-unt
         for i in range(start, min(start + batch, count)):
             name = f"job:{i % 97}:{i}"
             token = i + 1
-            meta = {"host": f"worker-{i % 12}", "pid": 1000 + i % 5000,
-                    "thread": "MainThread", "task_id": None}
-            value = json.dumps({"o": f"owner-{i}", "n": 1, "t": token,
-                                "at": now_ms - (i % 3600) * 1000, "m": meta},
-                               separators=(",", ":"))
+            meta = {
+                "host": f"worker-{i % 12}",
+                "pid": 1000 + i % 5000,
+                "thread": "MainThread",
+                "task_id": None,
+            }
+            value = json.dumps(
+                {
+                    "o": f"owner-{i}",
+                    "n": 1,
+                    "t": token,
+                    "at": now_ms - (i % 3600) * 1000,
+                    "m": meta,
+                },
+                separators=(",", ":"),
+            )
             pipe.set(f"{namespace}:lock:{{{name}}}", value, px=3_600_000 + i)
             pipe.set(f"{namespace}:fence:{{{name}}}", token)
         pipe.execute()
@@ -93,8 +104,10 @@ def main() -> None:
         redis = get_client()
         started = time.perf_counter()
         populate(redis, keyspace().namespace, opts.locks)
-        print(f"wrote {opts.locks} locks (+ fence keys, dbsize {redis.dbsize()}) "
-              f"in {time.perf_counter() - started:.1f} s")
+        print(
+            f"wrote {opts.locks} locks (+ fence keys, dbsize {redis.dbsize()}) "
+            f"in {time.perf_counter() - started:.1f} s"
+        )
 
         url = reverse("admin:django_redislock_lock_changelist")
         rows = re.compile(r'<tr>\s*<td class="action-checkbox">')
@@ -111,8 +124,10 @@ def main() -> None:
 
 
 def report(label: str, times: list[float], rows: int) -> None:
-    print(f"{label:40s} median {statistics.median(times) * 1000:7.1f} ms   "
-          f"max {max(times) * 1000:7.1f} ms   ({len(times)} runs, {rows} rows)")
+    print(
+        f"{label:40s} median {statistics.median(times) * 1000:7.1f} ms   "
+        f"max {max(times) * 1000:7.1f} ms   ({len(times)} runs, {rows} rows)"
+    )
 
 
 if __name__ == "__main__":

@@ -68,11 +68,13 @@ def configure_django(url: str) -> None:
         SECRET_KEY="bench",
         USE_TZ=True,
         INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_redislock"],
-        CACHES={"default": {
-            "BACKEND": "django_redis.cache.RedisCache",
-            "LOCATION": f"{url}/0",
-            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 2, "SOCKET_TIMEOUT": 5},
-        }},
+        CACHES={
+            "default": {
+                "BACKEND": "django_redis.cache.RedisCache",
+                "LOCATION": f"{url}/0",
+                "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 2, "SOCKET_TIMEOUT": 5},
+            }
+        },
         REDISLOCK={},
         LOGGING_CONFIG=None,
     )
@@ -188,23 +190,31 @@ def pct(sorted_values: Sequence[float], q: float) -> float:
 
 
 # -- 1. uncontended -------------------------------------------------------------------------------
-UNCONTENDED_VARIANTS = (f"{_OURS} (auto_renew=True)", f"{_OURS} auto_renew=False",
-                        "redis-py Lock", _PRL)
+UNCONTENDED_VARIANTS = (
+    f"{_OURS} (auto_renew=True)",
+    f"{_OURS} auto_renew=False",
+    "redis-py Lock",
+    _PRL,
+)
 
 
 def bench_uncontended(conn: Any, rounds: int, per_round: int) -> dict[str, Any]:
-    locks: dict[str, Any] = {v: make_lock(v, f"bench:uc:{i}", conn)
-                             for i, v in enumerate(UNCONTENDED_VARIANTS)}
+    locks: dict[str, Any] = {
+        v: make_lock(v, f"bench:uc:{i}", conn) for i, v in enumerate(UNCONTENDED_VARIANTS)
+    }
     cycles: dict[str, Callable[..., None]] = {}
     for variant, lock in locks.items():
+
         def cycle(lock: Any = lock) -> None:
             lock.acquire()
             lock.release()
+
         cycles[variant] = cycle
 
     def ping2() -> None:
         conn.ping()
         conn.ping()
+
     cycles["2 x PING"] = ping2
 
     # Round trips per cycle, counted outside the timed loops.
@@ -226,7 +236,7 @@ def bench_uncontended(conn: Any, rounds: int, per_round: int) -> dict[str, Any]:
     order = list(cycles)
     clock = time.perf_counter
     for r in range(rounds):
-        for variant in order[r % len(order):] + order[:r % len(order)]:  # rotate: no order bias
+        for variant in order[r % len(order) :] + order[: r % len(order)]:  # rotate: no order bias
             cycle, out = cycles[variant], []
             began, began_cpu = clock(), time.process_time()
             for _ in range(per_round):
@@ -240,16 +250,22 @@ def bench_uncontended(conn: Any, rounds: int, per_round: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for variant, values in samples.items():
         values.sort()
-        results[variant] = {"median_us": pct(values, 0.5) * 1e6, "p99_us": pct(values, 0.99) * 1e6,
-                            "cycles_per_s": len(values) / busy[variant],
-                            "client_cpu_us": cpu[variant] / len(values) * 1e6,
-                            "round_trips_per_cycle": trips[variant], "samples": len(values)}
+        results[variant] = {
+            "median_us": pct(values, 0.5) * 1e6,
+            "p99_us": pct(values, 0.99) * 1e6,
+            "cycles_per_s": len(values) / busy[variant],
+            "client_cpu_us": cpu[variant] / len(values) * 1e6,
+            "round_trips_per_cycle": trips[variant],
+            "samples": len(values),
+        }
     for variant, row in results.items():
         mine = round_medians[variant]
         row["x_2ping"] = statistics.median(
-            m / p for m, p in zip(mine, round_medians["2 x PING"], strict=True))
+            m / p for m, p in zip(mine, round_medians["2 x PING"], strict=True)
+        )
         row["x_redis_py"] = statistics.median(
-            m / p for m, p in zip(mine, round_medians["redis-py Lock"], strict=True))
+            m / p for m, p in zip(mine, round_medians["redis-py Lock"], strict=True)
+        )
     return results
 
 
@@ -283,8 +299,15 @@ def _worker_main(pipe: Connection, url: str, index: int) -> None:
                 if clock() >= t_end:
                     break
         cpu = time.process_time() - cpu
-        pipe.send({"index": index, "events": events, "cpu_s": cpu,
-                   "commands": dict(COUNTER.commands), "round_trips": COUNTER.round_trips})
+        pipe.send(
+            {
+                "index": index,
+                "events": events,
+                "cpu_s": cpu,
+                "commands": dict(COUNTER.commands),
+                "round_trips": COUNTER.round_trips,
+            }
+        )
 
 
 class WorkerPool:
@@ -302,8 +325,9 @@ class WorkerPool:
             if pipe.recv() != "ready":
                 raise RuntimeError("benchmark worker failed to start")
 
-    def run(self, n: int, variant: str, name: str, warmup: float, duration: float
-            ) -> tuple[list[dict[str, Any]], float, float]:
+    def run(
+        self, n: int, variant: str, name: str, warmup: float, duration: float
+    ) -> tuple[list[dict[str, Any]], float, float]:
         t_start = time.perf_counter() + warmup
         t_end = t_start + duration
         for pipe in self.pipes[:n]:
@@ -317,14 +341,22 @@ class WorkerPool:
             proc.join(10)
 
 
-def analyse_contended(replies: list[dict[str, Any]], t_start: float, t_end: float,
-                      server: Counter[str], server_cpu: float) -> dict[str, Any]:
+def analyse_contended(
+    replies: list[dict[str, Any]],
+    t_start: float,
+    t_end: float,
+    server: Counter[str],
+    server_cpu: float,
+) -> dict[str, Any]:
     duration = t_end - t_start
     merged = sorted((a, r, reply["index"]) for reply in replies for a, r in reply["events"])
     overlaps = sum(1 for prev, cur in itertools.pairwise(merged) if cur[0] < prev[1])
     in_window = [e for e in merged if t_start <= e[0] < t_end]
-    handoffs = sorted(cur[0] - prev[1] for prev, cur in itertools.pairwise(merged)
-                      if cur[2] != prev[2] and t_start <= cur[0] < t_end)
+    handoffs = sorted(
+        cur[0] - prev[1]
+        for prev, cur in itertools.pairwise(merged)
+        if cur[2] != prev[2] and t_start <= cur[0] < t_end
+    )
     per_proc = Counter(e[2] for e in in_window)
     counts = [per_proc.get(reply["index"], 0) for reply in replies]
     jain = sum(counts) ** 2 / (len(counts) * sum(c * c for c in counts)) if any(counts) else 0.0
@@ -353,8 +385,9 @@ def analyse_contended(replies: list[dict[str, Any]], t_start: float, t_end: floa
     }
 
 
-def bench_contended(conn: Any, pool: WorkerPool, ns: Sequence[int], duration: float,
-                    server_pid: int | None) -> dict[str, dict[int, dict[str, Any]]]:
+def bench_contended(
+    conn: Any, pool: WorkerPool, ns: Sequence[int], duration: float, server_pid: int | None
+) -> dict[str, dict[int, dict[str, Any]]]:
     results: dict[str, dict[int, dict[str, Any]]] = {v: {} for v in CONTENDED_VARIANTS}
     for n in ns:
         for variant in CONTENDED_VARIANTS:
@@ -392,8 +425,9 @@ def bench_watchdog(conn: Any, count: int, timeout: float, window: float) -> dict
     renewals = (command_stats(conn) - before).get("evalsha", 0)
     threads = [t.name for t in threading.enumerate() if t.name == "django-redislock-watchdog"]
     watchdog_trips = COUNTER.by_thread.get("django-redislock-watchdog", 0)
-    sizes = [size for thread, size in COUNTER.pipeline_sizes
-             if thread == "django-redislock-watchdog"]
+    sizes = [
+        size for thread, size in COUNTER.pipeline_sizes if thread == "django-redislock-watchdog"
+    ]
     lost_flag = sum(1 for lock in locks if lock.lost)
     release_failed = 0
     for lock in locks:
@@ -403,12 +437,19 @@ def bench_watchdog(conn: Any, count: int, timeout: float, window: float) -> dict
             release_failed += 1
     intervals = window / (timeout / 3)
     return {
-        "locks": count, "acquired": taken, "acquire_all_s": acquire_s, "timeout_s": timeout,
-        "window_s": window, "watchdog_threads": len(threads),
-        "renewals_per_lock": renewals / count, "renewal_intervals": intervals,
+        "locks": count,
+        "acquired": taken,
+        "acquire_all_s": acquire_s,
+        "timeout_s": timeout,
+        "window_s": window,
+        "watchdog_threads": len(threads),
+        "renewals_per_lock": renewals / count,
+        "renewal_intervals": intervals,
         "watchdog_round_trips": watchdog_trips,
         "round_trips_per_interval_per_100": watchdog_trips / intervals / (count / 100),
-        "pipeline_sizes": sizes, "min_pttl_ms": min_pttl, "lost_flagged": lost_flag,
+        "pipeline_sizes": sizes,
+        "min_pttl_ms": min_pttl,
+        "lost_flagged": lost_flag,
         "release_failed": release_failed,
     }
 
@@ -420,82 +461,131 @@ def verdict(ok: bool) -> str:
 
 def report(res: dict[str, Any]) -> list[tuple[str, bool]]:
     targets: list[tuple[str, bool]] = []
-    print("\n== 1. Uncontended acquire+release, one process, one key (x ratios: median of "
-          "per-round ratios) ==")
-    print(f"{'variant':36} {'median us':>10} {'p99 us':>9} {'cycles/s':>9} {'RTT/cyc':>8} "
-          f"{'cpu us':>7} {'x 2PING':>8} {'x redis-py':>10}")
+    print(
+        "\n== 1. Uncontended acquire+release, one process, one key (x ratios: median of "
+        "per-round ratios) =="
+    )
+    print(
+        f"{'variant':36} {'median us':>10} {'p99 us':>9} {'cycles/s':>9} {'RTT/cyc':>8} "
+        f"{'cpu us':>7} {'x 2PING':>8} {'x redis-py':>10}"
+    )
     for variant, row in res["uncontended"].items():
-        print(f"{variant:36} {row['median_us']:10.1f} {row['p99_us']:9.1f} "
-              f"{row['cycles_per_s']:9.0f} {row['round_trips_per_cycle']:8.2f} "
-              f"{row['client_cpu_us']:7.1f} "
-              f"{row['x_2ping']:8.2f} {row['x_redis_py']:10.3f}")
+        print(
+            f"{variant:36} {row['median_us']:10.1f} {row['p99_us']:9.1f} "
+            f"{row['cycles_per_s']:9.0f} {row['round_trips_per_cycle']:8.2f} "
+            f"{row['client_cpu_us']:7.1f} "
+            f"{row['x_2ping']:8.2f} {row['x_redis_py']:10.3f}"
+        )
     ours = res["uncontended"][UNCONTENDED_VARIANTS[0]]
-    targets.append((f"uncontended median <= 1.05 x redis-py Lock ({ours['x_redis_py']:.3f})",
-                    ours["x_redis_py"] <= 1.05))
-    targets.append((f"uncontended = 2 round trips per cycle ({ours['round_trips_per_cycle']:.2f})",
-                    ours["round_trips_per_cycle"] == 2))
+    targets.append(
+        (
+            f"uncontended median <= 1.05 x redis-py Lock ({ours['x_redis_py']:.3f})",
+            ours["x_redis_py"] <= 1.05,
+        )
+    )
+    targets.append(
+        (
+            f"uncontended = 2 round trips per cycle ({ours['round_trips_per_cycle']:.2f})",
+            ours["round_trips_per_cycle"] == 2,
+        )
+    )
 
-    print(f"\n== 2. Contended hand-off, one key, {res['duration_s']:g} s per run "
-          "(critical section empty) ==")
-    print(f"{'variant':26} {'N':>2} {'acq/s':>7} {'handoff/s':>9} {'p50 ms':>7} {'p99 ms':>8} "
-          f"{'RTT/acq':>7} {'top/acq':>7} {'all/acq':>7} {'cli us':>6} {'srv us':>6} {'Jain':>5} "
-          f"{'overlap':>7}  per-process")
+    print(
+        f"\n== 2. Contended hand-off, one key, {res['duration_s']:g} s per run "
+        "(critical section empty) =="
+    )
+    print(
+        f"{'variant':26} {'N':>2} {'acq/s':>7} {'handoff/s':>9} {'p50 ms':>7} {'p99 ms':>8} "
+        f"{'RTT/acq':>7} {'top/acq':>7} {'all/acq':>7} {'cli us':>6} {'srv us':>6} {'Jain':>5} "
+        f"{'overlap':>7}  per-process"
+    )
     for variant, by_n in res["contended"].items():
         for n, row in by_n.items():
-            print(f"{variant:26} {n:2d} {row['acquisitions_per_s']:7.0f} "
-                  f"{row['handoffs_per_s']:9.0f} {row['handoff_p50_ms']:7.3f} "
-                  f"{row['handoff_p99_ms']:8.3f} {row['round_trips_per_acq']:7.2f} "
-                  f"{row['top_level_per_acq']:7.2f} "
-                  f"{row['all_commands_per_acq']:7.2f} {row['client_cpu_us_per_acq']:6.0f} "
-                  f"{row['server_cpu_us_per_acq']:6.0f} "
-                  f"{row['jain']:5.3f} {row['overlaps']:7d}  "
-                  f"{row['per_process']}")
-    print("handoff = consecutive holds by different processes; p50/p99 = release() call -> "
-          "next holder's acquire() return (nan: none seen)\n"
-          "RTT/acq = round trips, top/acq = commands the client sent; all/acq = INFO commandstats, "
-          "commands inside Lua included\n"
-          "cli/srv us = CPU per acquisition of all lock processes / of redis-server; "
-          "overlap = holds that overlapped in time (must be 0)")
+            print(
+                f"{variant:26} {n:2d} {row['acquisitions_per_s']:7.0f} "
+                f"{row['handoffs_per_s']:9.0f} {row['handoff_p50_ms']:7.3f} "
+                f"{row['handoff_p99_ms']:8.3f} {row['round_trips_per_acq']:7.2f} "
+                f"{row['top_level_per_acq']:7.2f} "
+                f"{row['all_commands_per_acq']:7.2f} {row['client_cpu_us_per_acq']:6.0f} "
+                f"{row['server_cpu_us_per_acq']:6.0f} "
+                f"{row['jain']:5.3f} {row['overlaps']:7d}  "
+                f"{row['per_process']}"
+            )
+    print(
+        "handoff = consecutive holds by different processes; p50/p99 = release() call -> "
+        "next holder's acquire() return (nan: none seen)\n"
+        "RTT/acq = round trips, top/acq = commands the client sent; all/acq = INFO commandstats, "
+        "commands inside Lua included\n"
+        "cli/srv us = CPU per acquisition of all lock processes / of redis-server; "
+        "overlap = holds that overlapped in time (must be 0)"
+    )
     n_max = max(res["contended"][_OURS])
     ours8, prl8 = res["contended"][_OURS][n_max], res["contended"][_PRL][n_max]
     targets += [
-        (f"N={n_max} hand-off p50 <= 0.5 ms ({ours8['handoff_p50_ms']:.3f})",
-         ours8["handoff_p50_ms"] <= 0.5),
-        (f"N={n_max} hand-off p99 <= 2 ms ({ours8['handoff_p99_ms']:.3f})",
-         ours8["handoff_p99_ms"] <= 2.0),
-        (f"N={n_max} hand-offs/s >= python-redis-lock ({ours8['handoffs_per_s']:.0f} vs "
-         f"{prl8['handoffs_per_s']:.0f})", ours8["handoffs_per_s"] >= prl8["handoffs_per_s"]),
-        (f"N={n_max} top-level commands/acq <= 1/2 python-redis-lock "
-         f"({ours8['top_level_per_acq']:.2f} vs {prl8['top_level_per_acq']:.2f})",
-         ours8["top_level_per_acq"] <= prl8["top_level_per_acq"] / 2),
-        (f"N={n_max} all commands/acq <= 1/2 python-redis-lock "
-         f"({ours8['all_commands_per_acq']:.2f} vs {prl8['all_commands_per_acq']:.2f})",
-         ours8["all_commands_per_acq"] <= prl8["all_commands_per_acq"] / 2),
+        (
+            f"N={n_max} hand-off p50 <= 0.5 ms ({ours8['handoff_p50_ms']:.3f})",
+            ours8["handoff_p50_ms"] <= 0.5,
+        ),
+        (
+            f"N={n_max} hand-off p99 <= 2 ms ({ours8['handoff_p99_ms']:.3f})",
+            ours8["handoff_p99_ms"] <= 2.0,
+        ),
+        (
+            f"N={n_max} hand-offs/s >= python-redis-lock ({ours8['handoffs_per_s']:.0f} vs "
+            f"{prl8['handoffs_per_s']:.0f})",
+            ours8["handoffs_per_s"] >= prl8["handoffs_per_s"],
+        ),
+        (
+            f"N={n_max} top-level commands/acq <= 1/2 python-redis-lock "
+            f"({ours8['top_level_per_acq']:.2f} vs {prl8['top_level_per_acq']:.2f})",
+            ours8["top_level_per_acq"] <= prl8["top_level_per_acq"] / 2,
+        ),
+        (
+            f"N={n_max} all commands/acq <= 1/2 python-redis-lock "
+            f"({ours8['all_commands_per_acq']:.2f} vs {prl8['all_commands_per_acq']:.2f})",
+            ours8["all_commands_per_acq"] <= prl8["all_commands_per_acq"] / 2,
+        ),
         (f"N={n_max} Jain fairness >= 0.95 ({ours8['jain']:.3f})", ours8["jain"] >= 0.95),
-        ("mutual exclusion: no overlapping holds (django-redislock, all N)",
-         all(row["overlaps"] == 0 for row in res["contended"][_OURS].values())),
+        (
+            "mutual exclusion: no overlapping holds (django-redislock, all N)",
+            all(row["overlaps"] == 0 for row in res["contended"][_OURS].values()),
+        ),
     ]
 
     wd = res["watchdog"]
-    print(f"\n== 3. Watchdog: {wd['locks']} locks, timeout {wd['timeout_s']:g} s (renew every "
-          f"{wd['timeout_s'] / 3:g} s), observed {wd['window_s']:g} s ==")
-    print(f"acquired {wd['acquired']}/{wd['locks']} in {wd['acquire_all_s'] * 1e3:.0f} ms; "
-          f"watchdog threads {wd['watchdog_threads']}; renewals/lock {wd['renewals_per_lock']:.2f} "
-          f"over {wd['renewal_intervals']:.1f} intervals")
-    print(f"watchdog round trips {wd['watchdog_round_trips']} (pipelines of "
-          f"{wd['pipeline_sizes']} commands) = {wd['round_trips_per_interval_per_100']:.3f} per "
-          "interval per 100 locks")
-    print(f"min lease left seen {wd['min_pttl_ms']} ms; flagged lost {wd['lost_flagged']}; "
-          f"failed releases {wd['release_failed']}")
+    print(
+        f"\n== 3. Watchdog: {wd['locks']} locks, timeout {wd['timeout_s']:g} s (renew every "
+        f"{wd['timeout_s'] / 3:g} s), observed {wd['window_s']:g} s =="
+    )
+    print(
+        f"acquired {wd['acquired']}/{wd['locks']} in {wd['acquire_all_s'] * 1e3:.0f} ms; "
+        f"watchdog threads {wd['watchdog_threads']}; renewals/lock {wd['renewals_per_lock']:.2f} "
+        f"over {wd['renewal_intervals']:.1f} intervals"
+    )
+    print(
+        f"watchdog round trips {wd['watchdog_round_trips']} (pipelines of "
+        f"{wd['pipeline_sizes']} commands) = {wd['round_trips_per_interval_per_100']:.3f} per "
+        "interval per 100 locks"
+    )
+    print(
+        f"min lease left seen {wd['min_pttl_ms']} ms; flagged lost {wd['lost_flagged']}; "
+        f"failed releases {wd['release_failed']}"
+    )
     targets += [
         (f"watchdog threads == 1 ({wd['watchdog_threads']})", wd["watchdog_threads"] == 1),
-        ("watchdog <= 1 round trip per interval per 100 locks "
-         f"({wd['round_trips_per_interval_per_100']:.3f})",
-         wd["round_trips_per_interval_per_100"] <= 1),
-        (f"watchdog: none of {wd['locks']} lost (lost {wd['lost_flagged']}, failed releases "
-         f"{wd['release_failed']}, min lease {wd['min_pttl_ms']} ms)",
-         wd["acquired"] == wd["locks"] and wd["lost_flagged"] == 0 and wd["release_failed"] == 0
-         and wd["min_pttl_ms"] > 0),
+        (
+            "watchdog <= 1 round trip per interval per 100 locks "
+            f"({wd['round_trips_per_interval_per_100']:.3f})",
+            wd["round_trips_per_interval_per_100"] <= 1,
+        ),
+        (
+            f"watchdog: none of {wd['locks']} lost (lost {wd['lost_flagged']}, failed releases "
+            f"{wd['release_failed']}, min lease {wd['min_pttl_ms']} ms)",
+            wd["acquired"] == wd["locks"]
+            and wd["lost_flagged"] == 0
+            and wd["release_failed"] == 0
+            and wd["min_pttl_ms"] > 0,
+        ),
     ]
     print("\n== Targets ==")
     for text, ok in targets:
@@ -512,19 +602,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     wall = time.monotonic()
     with RedisServer() as server:
-        version = subprocess.run([server.binary, "--version"], capture_output=True, text=True,
-                                 check=False).stdout.strip()
+        version = subprocess.run(
+            [server.binary, "--version"], capture_output=True, text=True, check=False
+        ).stdout.strip()
         print(f"redis-server: {server.binary} ({version})")
-        print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, "
-              f"{'quick' if args.quick else 'full'} run")
+        print(
+            f"python {platform.python_version()}, {os.cpu_count()} CPUs, "
+            f"{'quick' if args.quick else 'full'} run"
+        )
         configure_django(server.url)
         import redis
         import redis_lock
 
         import django_redislock
 
-        print(f"django-redislock {django_redislock.__version__}, redis-py {redis.__version__}, "
-              f"python-redis-lock {redis_lock.__version__}")
+        print(
+            f"django-redislock {django_redislock.__version__}, redis-py {redis.__version__}, "
+            f"python-redis-lock {redis_lock.__version__}"
+        )
         COUNTER.install()
         conn = client()
         conn.flushdb()
@@ -532,8 +627,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         pool = WorkerPool(server.url, 8)
         print(f"8 worker processes spawned in {time.monotonic() - started:.1f} s")
         rounds, per_round = (8, 150) if args.quick else (40, 500)
-        res: dict[str, Any] = {"redis_server": server.binary, "redis_version": version,
-                               "quick": args.quick}
+        res: dict[str, Any] = {
+            "redis_server": server.binary,
+            "redis_version": version,
+            "quick": args.quick,
+        }
         gc.collect()
         res["uncontended"] = bench_uncontended(conn, rounds, per_round)
         duration = 0.4 if args.quick else 3.0

@@ -45,8 +45,7 @@ def setup(url: str) -> tuple[Any, dict[str, Any]]:
 
     settings.configure(
         INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_redislock"],
-        CACHES={"default": {"BACKEND": "django_redis.cache.RedisCache",
-                            "LOCATION": f"{url}/0"}},
+        CACHES={"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": f"{url}/0"}},
         REDISLOCK={"STATS": False},
         USE_TZ=True,
     )
@@ -63,11 +62,17 @@ def setup(url: str) -> tuple[Any, dict[str, Any]]:
 
     tasks = {
         "plain": app.task(name="bench.plain", ignore_result=True)(body),
-        "single": app.task(name="bench.single", base=SingleFlightTask, lock_key="bench:{i}",
-                           lock_timeout=60, ignore_result=True)(body),
+        "single": app.task(
+            name="bench.single",
+            base=SingleFlightTask,
+            lock_key="bench:{i}",
+            lock_timeout=60,
+            ignore_result=True,
+        )(body),
         "plain+results": app.task(name="bench.plain_r")(body),
-        "single+results": app.task(name="bench.single_r", base=SingleFlightTask,
-                                   lock_key="bench-r:{i}", lock_timeout=60)(body),
+        "single+results": app.task(
+            name="bench.single_r", base=SingleFlightTask, lock_key="bench-r:{i}", lock_timeout=60
+        )(body),
     }
     app.finalize()
     return app, tasks
@@ -75,8 +80,13 @@ def setup(url: str) -> tuple[Any, dict[str, Any]]:
 
 def commandstats(client: Any) -> Counter[str]:
     stats = client.info("commandstats")
-    return Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()
-                    if name != "cmdstat_info"})
+    return Counter(
+        {
+            name.removeprefix("cmdstat_"): int(v["calls"])
+            for name, v in stats.items()
+            if name != "cmdstat_info"
+        }
+    )
 
 
 class TopLevelCommands:
@@ -120,8 +130,9 @@ def publish(task: Any, start: int, count: int) -> float:
     return time.perf_counter() - began
 
 
-def measure_publish(server: RedisServer, tasks: dict[str, Any], pair: tuple[str, str], n: int,
-                    block: int) -> dict[str, dict[str, Any]]:
+def measure_publish(
+    server: RedisServer, tasks: dict[str, Any], pair: tuple[str, str], n: int, block: int
+) -> dict[str, dict[str, Any]]:
     client = server.client()
     out: dict[str, dict[str, Any]] = {name: {"times": [], "calls": Counter()} for name in pair}
     offset = {name: 10_000_000 * k for k, name in enumerate(pair)}
@@ -131,7 +142,8 @@ def measure_publish(server: RedisServer, tasks: dict[str, Any], pair: tuple[str,
     sample = 100
     for name in pair:
         out[name]["trips"] = TopLevelCommands(server).run(
-            lambda t=tasks[name], s=offset[name]: publish(t, s, sample) and None)
+            lambda t=tasks[name], s=offset[name]: publish(t, s, sample) and None
+        )
         out[name]["sample"] = sample
         offset[name] += sample
     for _ in range(n // block):
@@ -154,8 +166,9 @@ def queued_messages(server: RedisServer, name: str) -> list[dict[str, Any]]:
     return found
 
 
-def measure_run(server: RedisServer, app: Any, tasks: dict[str, Any], pair: tuple[str, str],
-                n: int) -> dict[str, dict[str, Any]]:
+def measure_run(
+    server: RedisServer, app: Any, tasks: dict[str, Any], pair: tuple[str, str], n: int
+) -> dict[str, dict[str, Any]]:
     """Run published messages through Celery's tracer, as the worker's pool would."""
     from celery.app.trace import build_tracer
 
@@ -168,10 +181,15 @@ def measure_run(server: RedisServer, app: Any, tasks: dict[str, Any], pair: tupl
         requests = []
         for message in messages:
             args, kwargs, embed = json.loads(base64.b64decode(message["body"]))
-            request = dict(message["headers"], is_eager=False, hostname="bench@localhost",
-                           delivery_info={"routing_key": "bench", "exchange": ""},
-                           reply_to=message["properties"].get("reply_to"),
-                           correlation_id=message["headers"]["id"], **(embed or {}))
+            request = dict(
+                message["headers"],
+                is_eager=False,
+                hostname="bench@localhost",
+                delivery_info={"routing_key": "bench", "exchange": ""},
+                reply_to=message["properties"].get("reply_to"),
+                correlation_id=message["headers"]["id"],
+                **(embed or {}),
+            )
             requests.append((message["headers"]["id"], args, kwargs, request))
         for task_id, args, kwargs, request in requests[:20]:  # warm up
             tracer(task_id, args, kwargs, request)
@@ -189,8 +207,13 @@ def measure_run(server: RedisServer, app: Any, tasks: dict[str, Any], pair: tupl
             if info is not None:
                 raise RuntimeError(f"{name} did not succeed: {info!r}")
         elapsed = time.perf_counter() - began
-        out[name] = {"time": elapsed / len(timed), "calls": commandstats(client) - before,
-                     "count": len(timed), "trips": trips, "sample": len(sample)}
+        out[name] = {
+            "time": elapsed / len(timed),
+            "calls": commandstats(client) - before,
+            "count": len(timed),
+            "trips": trips,
+            "sample": len(sample),
+        }
     return out
 
 
@@ -220,12 +243,16 @@ def main() -> None:
     with RedisServer() as server:
         os.environ["REDISLOCK_TEST_REDIS_URL"] = server.url
         app, tasks = setup(server.url)
-        print(f"redis-server {server.client().info('server')['redis_version']} on {server.url}; "
-              f"{n} publishes per task, blocks of {opts.block}; one PING round trip: "
-              f"{ping_us(server):.0f} us\n")
+        print(
+            f"redis-server {server.client().info('server')['redis_version']} on {server.url}; "
+            f"{n} publishes per task, blocks of {opts.block}; one PING round trip: "
+            f"{ping_us(server):.0f} us\n"
+        )
         print("PUBLISH (apply_async)")
-        print(f"{'task':<16}{'median us/call':>15}{'p90 us/call':>13}{'round trips':>13}"
-              f"{'server cmds':>13}  server commands per call")
+        print(
+            f"{'task':<16}{'median us/call':>15}{'p90 us/call':>13}{'round trips':>13}"
+            f"{'server cmds':>13}  server commands per call"
+        )
         ratios = []
         for pair in (("plain", "single"), ("plain+results", "single+results")):
             res = measure_publish(server, tasks, pair, n, opts.block)
@@ -233,42 +260,58 @@ def main() -> None:
                 times = sorted(res[name]["times"])
                 calls = res[name]["calls"]
                 trips = sum(res[name]["trips"].values()) / res[name]["sample"]
-                print(f"{name:<16}{statistics.median(times) * 1e6:>15.1f}"
-                      f"{times[int(len(times) * 0.9) - 1] * 1e6:>13.1f}{trips:>13.2f}"
-                      f"{sum(calls.values()) / n:>13.2f}  {fmt_calls(calls, n)}")
+                print(
+                    f"{name:<16}{statistics.median(times) * 1e6:>15.1f}"
+                    f"{times[int(len(times) * 0.9) - 1] * 1e6:>13.1f}{trips:>13.2f}"
+                    f"{sum(calls.values()) / n:>13.2f}  {fmt_calls(calls, n)}"
+                )
             base, single = (res[p] for p in pair)
-            ratios.append((
-                pair[1],
-                statistics.median(single["times"]) / statistics.median(base["times"]),
-                sum(single["trips"].values()) / single["sample"]
-                - sum(base["trips"].values()) / base["sample"],
-                fmt_calls(single["trips"], single["sample"]),
-            ))
+            ratios.append(
+                (
+                    pair[1],
+                    statistics.median(single["times"]) / statistics.median(base["times"]),
+                    sum(single["trips"].values()) / single["sample"]
+                    - sum(base["trips"].values()) / base["sample"],
+                    fmt_calls(single["trips"], single["sample"]),
+                )
+            )
         print()
         print("RUN (Celery tracer on the published messages; results ignored)")
-        print(f"{'task':<16}{'mean us/task':>15}{'round trips':>13}{'server cmds':>13}"
-              "  server commands per task")
+        print(
+            f"{'task':<16}{'mean us/task':>15}{'round trips':>13}{'server cmds':>13}"
+            "  server commands per task"
+        )
         run = measure_run(server, app, tasks, ("plain", "single"), n)
         for name in ("plain", "single"):
             r = run[name]
-            print(f"{name:<16}{r['time'] * 1e6:>15.1f}"
-                  f"{sum(r['trips'].values()) / r['sample']:>13.2f}"
-                  f"{sum(r['calls'].values()) / r['count']:>13.2f}"
-                  f"  {fmt_calls(r['calls'], r['count']) or '-'}")
+            print(
+                f"{name:<16}{r['time'] * 1e6:>15.1f}"
+                f"{sum(r['trips'].values()) / r['sample']:>13.2f}"
+                f"{sum(r['calls'].values()) / r['count']:>13.2f}"
+                f"  {fmt_calls(r['calls'], r['count']) or '-'}"
+            )
         leftover = server.client().dbsize()
         print()
         print("RATIOS (targets: publish <= 1.3x and <= 1 extra round trip; run <= 2 round trips)")
         for name, ratio, extra, trips in ratios:
-            print(f"  {name:<16} publish time x{ratio:.2f} {verdict(ratio <= 1.3)}, extra round "
-                  f"trips {extra:+.2f} {verdict(extra <= 1)} (top-level per call: {trips})")
+            print(
+                f"  {name:<16} publish time x{ratio:.2f} {verdict(ratio <= 1.3)}, extra round "
+                f"trips {extra:+.2f} {verdict(extra <= 1)} (top-level per call: {trips})"
+            )
         single, plain = run["single"], run["plain"]
-        run_trips = (sum(single["trips"].values()) / single["sample"]
-                     - sum(plain["trips"].values()) / plain["sample"])
-        print(f"  {'single':<16} run extra round trips {run_trips:+.2f} {verdict(run_trips <= 2)} "
-              f"({fmt_calls(single['trips'], single['sample'])}), "
-              f"run time +{(single['time'] - plain['time']) * 1e6:.0f} us/task")
-        print(f"  keys left in db 0: {leftover} (queued holds of the '+results' publishes, which "
-              "are not run, plus their fencing counters)")
+        run_trips = (
+            sum(single["trips"].values()) / single["sample"]
+            - sum(plain["trips"].values()) / plain["sample"]
+        )
+        print(
+            f"  {'single':<16} run extra round trips {run_trips:+.2f} {verdict(run_trips <= 2)} "
+            f"({fmt_calls(single['trips'], single['sample'])}), "
+            f"run time +{(single['time'] - plain['time']) * 1e6:.0f} us/task"
+        )
+        print(
+            f"  keys left in db 0: {leftover} (queued holds of the '+results' publishes, which "
+            "are not run, plus their fencing counters)"
+        )
 
 
 if __name__ == "__main__":

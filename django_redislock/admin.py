@@ -182,8 +182,9 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return bool(request.user.is_active and request.user.has_perm(self._perm("view_lock")))
 
     def has_force_release_permission(self, request: HttpRequest) -> bool:
-        return bool(request.user.is_active
-                    and request.user.has_perm(self._perm("force_release_lock")))
+        return bool(
+            request.user.is_active and request.user.has_perm(self._perm("force_release_lock"))
+        )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -213,8 +214,11 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         ]
 
     def _url(self, name: str, *args: Any) -> str:
-        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{name}",
-                       args=args, current_app=self.admin_site.name)
+        return reverse(
+            f"admin:{self.opts.app_label}_{self.opts.model_name}_{name}",
+            args=args,
+            current_app=self.admin_site.name,
+        )
 
     def detail_url(self, lock_name: str) -> str:
         return self._url("change", quote(lock_name))
@@ -233,14 +237,16 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             **extra,
         }
 
-    def _render(self, request: HttpRequest, template: str, context: dict[str, Any],
-                status: int = 200) -> TemplateResponse:
+    def _render(
+        self, request: HttpRequest, template: str, context: dict[str, Any], status: int = 200
+    ) -> TemplateResponse:
         request.current_app = self.admin_site.name
         return TemplateResponse(request, template, context, status=status)
 
     # -- list -----------------------------------------------------------------------------------
-    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None
-                        ) -> HttpResponse:
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         self._require(self.has_view_permission(request))
         if request.method == "POST":
             return self.action_view(request)
@@ -267,18 +273,33 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             infos, error = [], str(exc)
         rows = [Row(info, self.detail_url(info.name)) for info in infos]
         first = (page - 1) * self.list_per_page + 1 if sort else None
-        headers = [self._sort_header(request, label, key, sort) for label, key in (
-            (gettext_lazy("held for"), "held"), (gettext_lazy("expires in"), "expires"))]
+        headers = [
+            self._sort_header(request, label, key, sort)
+            for label, key in (
+                (gettext_lazy("held for"), "held"),
+                (gettext_lazy("expires in"), "expires"),
+            )
+        ]
         context = self._context(
-            request, capfirst(self.opts.verbose_name_plural),
-            rows=rows, query=query, sort=sort, page=page, first=first, error=error,
-            next_url=next_url, truncated=truncated, sort_limit=self.sort_limit,
+            request,
+            capfirst(self.opts.verbose_name_plural),
+            rows=rows,
+            query=query,
+            sort=sort,
+            page=page,
+            first=first,
+            error=error,
+            next_url=next_url,
+            truncated=truncated,
+            sort_limit=self.sort_limit,
             first_url=self._query(request, cursor=None, p=None) if page > 1 else None,
             previous_url=(self._query(request, p=page - 1) if sort and page > 1 else None),
-            refresh=refresh, refresh_choices=REFRESH_CHOICES,
+            refresh=refresh,
+            refresh_choices=REFRESH_CHOICES,
             refresh_urls=[(s, self._query(request, refresh=s)) for s in REFRESH_CHOICES],
             refresh_off_url=self._query(request, refresh=None),
-            held_header=headers[0], expires_header=headers[1],
+            held_header=headers[0],
+            expires_header=headers[1],
             preserved=[(k, v) for k, v in request.GET.items() if k in ("o", "refresh")],
             **(extra_context or {}),
         )
@@ -301,8 +322,9 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             if len(infos) < count // 4:
                 count = min(count * 2, self.scan_count_max)
 
-    def sorted_page(self, match: str | None, sort: str, page: int
-                    ) -> tuple[list[LockInfo], bool, bool]:
+    def sorted_page(
+        self, match: str | None, sort: str, page: int
+    ) -> tuple[list[LockInfo], bool, bool]:
         """Page ``page`` of every lock sorted by ``sort``: ``(infos, more, truncated)``.
 
         Reads every lock (up to ``sort_limit``) but keeps only the ``page * list_per_page`` best
@@ -318,8 +340,9 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             seen: set[str] = set()
             cursor = 0
             while True:
-                cursor, infos = lock_page(cursor=cursor, match=match, count=self.scan_count_max,
-                                          using=self.using)
+                cursor, infos = lock_page(
+                    cursor=cursor, match=match, count=self.scan_count_max, using=self.using
+                )
                 for info in infos:
                     if info.name in seen:
                         continue
@@ -335,7 +358,7 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         pick = heapq.nlargest if descending else heapq.nsmallest
         best = pick(wanted, limited(), key=key)
         start = (page - 1) * self.list_per_page
-        return best[start:start + self.list_per_page], len(best) == wanted, truncated
+        return best[start : start + self.list_per_page], len(best) == wanted, truncated
 
     def _query(self, request: HttpRequest, **changes: Any) -> str:
         params = {k: v for k, v in request.GET.items()}
@@ -346,8 +369,9 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 params[key] = str(value)
         return "?" + urlencode(params) if params else "?"
 
-    def _sort_header(self, request: HttpRequest, label: Any, key: str, sort: str | None
-                     ) -> dict[str, Any]:
+    def _sort_header(
+        self, request: HttpRequest, label: Any, key: str, sort: str | None
+    ) -> dict[str, Any]:
         ascending = sort == key
         descending = sort == f"-{key}"
         toggle = f"-{key}" if ascending else key
@@ -369,32 +393,44 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             return HttpResponseRedirect(back)
         selected = parse_selection(request.POST.getlist(ACTION_CHECKBOX_NAME))
         if not selected:
-            self.message_user(request, _("Items must be selected in order to perform actions on "
-                                         "them. No items have been changed."), messages.WARNING)
+            self.message_user(
+                request,
+                _(
+                    "Items must be selected in order to perform actions on "
+                    "them. No items have been changed."
+                ),
+                messages.WARNING,
+            )
             return HttpResponseRedirect(back)
         if request.POST.get("post") == "yes":
             return self.release_selected(request, selected)
         return self.confirmation_view(request, selected)
 
-    def confirmation_view(self, request: HttpRequest, selected: list[tuple[int, str]]
-                          ) -> HttpResponse:
+    def confirmation_view(
+        self, request: HttpRequest, selected: list[tuple[int, str]]
+    ) -> HttpResponse:
         try:
-            candidates = [Candidate(name, token, get_lock_info(name, using=self.using))
-                          for token, name in selected]
+            candidates = [
+                Candidate(name, token, get_lock_info(name, using=self.using))
+                for token, name in selected
+            ]
         except LockBackendError as exc:
             self.message_user(request, str(exc), messages.ERROR)
             return HttpResponseRedirect(self._url("changelist"))
         releasable = [c for c in candidates if c.unchanged]
         context = self._context(
-            request, _("Force-release locks?"),
-            candidates=candidates, releasable=releasable,
+            request,
+            _("Force-release locks?"),
+            candidates=candidates,
+            releasable=releasable,
             changed=[c for c in candidates if not c.unchanged],
             action_checkbox_name=ACTION_CHECKBOX_NAME,
         )
         return self._render(request, self.confirmation_template, context)
 
-    def release_selected(self, request: HttpRequest, selected: list[tuple[int, str]]
-                         ) -> HttpResponse:
+    def release_selected(
+        self, request: HttpRequest, selected: list[tuple[int, str]]
+    ) -> HttpResponse:
         released: list[str] = []
         skipped: list[str] = []
         content_type = ContentType.objects.get_for_model(self.model, for_concrete_model=False)
@@ -412,21 +448,34 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         except LockBackendError as exc:
             self.message_user(request, str(exc), messages.ERROR)
         if released:
-            self.message_user(request, ngettext(
-                "Force-released %(count)d lock: %(names)s.",
-                "Force-released %(count)d locks: %(names)s.", len(released),
-            ) % {"count": len(released), "names": ", ".join(released)}, messages.SUCCESS)
+            self.message_user(
+                request,
+                ngettext(
+                    "Force-released %(count)d lock: %(names)s.",
+                    "Force-released %(count)d locks: %(names)s.",
+                    len(released),
+                )
+                % {"count": len(released), "names": ", ".join(released)},
+                messages.SUCCESS,
+            )
         if skipped:
-            self.message_user(request, ngettext(
-                "Not released, because it changed hands or was released since you looked at "
-                "it: %(names)s.",
-                "Not released, because they changed hands or were released since you looked at "
-                "them: %(names)s.", len(skipped),
-            ) % {"names": ", ".join(skipped)}, messages.WARNING)
+            self.message_user(
+                request,
+                ngettext(
+                    "Not released, because it changed hands or was released since you looked at "
+                    "it: %(names)s.",
+                    "Not released, because they changed hands or were released since you looked at "
+                    "them: %(names)s.",
+                    len(skipped),
+                )
+                % {"names": ", ".join(skipped)},
+                messages.WARNING,
+            )
         return HttpResponseRedirect(self._url("changelist"))
 
-    def log_force_release(self, request: HttpRequest, content_type: ContentType,
-                          info: LockInfo) -> LogEntry:
+    def log_force_release(
+        self, request: HttpRequest, content_type: ContentType, info: LockInfo
+    ) -> LogEntry:
         """The audit record: who released which lock, and who held it (in English, for logs)."""
         task = f", Celery task {info.task_id}" if info.task_id else ""
         entry: LogEntry = LogEntry.objects.create(
@@ -453,9 +502,13 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             info, figures = None, None
             self.message_user(request, str(exc), messages.ERROR)
         context = self._context(
-            request, name,
-            lock_name=name, info=info, row=Row(info, "") if info else None,
-            stats=figures, stats_rows=[StatsRow(figures)] if figures else [],
+            request,
+            name,
+            lock_name=name,
+            info=info,
+            row=Row(info, "") if info else None,
+            stats=figures,
+            stats_rows=[StatsRow(figures)] if figures else [],
             action_checkbox_name=ACTION_CHECKBOX_NAME,
         )
         return self._render(request, self.detail_template, context, status=200 if info else 404)
@@ -469,8 +522,11 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         except LockBackendError as exc:
             rows, error = [], str(exc)
         context = self._context(
-            request, _("Lock statistics"),
-            rows=[StatsRow(s) for s in rows], error=error, stats_ttl_hours=stats.STATS_TTL // 3600,
+            request,
+            _("Lock statistics"),
+            rows=[StatsRow(s) for s in rows],
+            error=error,
+            stats_ttl_hours=stats.STATS_TTL // 3600,
         )
         return self._render(request, self.stats_template, context)
 

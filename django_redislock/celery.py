@@ -106,8 +106,10 @@ class DuplicateTaskError(LockNotAcquiredError):
         self.task_id = task_id
         if message is None:
             holder = f"task {task_id}" if task_id else "a holder that is not a task"
-            message = (f"Lock {name!r} is held by {holder}: a task with the same key is already "
-                       "queued or running, so nothing was published.")
+            message = (
+                f"Lock {name!r} is held by {holder}: a task with the same key is already "
+                "queued or running, so nothing was published."
+            )
         super().__init__(name, message)
         self.message = message
         # Celery's JSON result backend rebuilds exceptions as ``cls(*args)``.
@@ -149,8 +151,10 @@ def _canonical(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {"__bytes__": bytes(value).hex()}
     if isinstance(value, Mapping):
-        items = [(k if isinstance(k, str) else _dumps(_canonical(k)), _canonical(v))
-                 for k, v in value.items()]
+        items = [
+            (k if isinstance(k, str) else _dumps(_canonical(k)), _canonical(v))
+            for k, v in value.items()
+        ]
         return {k: v for k, v in sorted(items, key=lambda kv: kv[0])}
     if isinstance(value, (list, tuple)):
         return [_canonical(v) for v in value]
@@ -163,8 +167,9 @@ def _canonical(value: Any) -> Any:
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=True)
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=True
+    )
 
 
 def argument_digest(arguments: Mapping[str, Any]) -> str:
@@ -257,11 +262,15 @@ def _on_lock_lost(sender: Any, *, lock: Any = None, name: str = "", **kwargs: An
         logger.error(
             "Task %s[%s] lost its lock %r while running (expired or force-released); another run "
             "may now overlap with it. The task can check self.lock_lost.",
-            run.task_name, run.task_id, run.key)
+            run.task_name,
+            run.task_id,
+            run.key,
+        )
 
 
-lock_signals.lock_lost.connect(_on_lock_lost, weak=False,
-                               dispatch_uid="django_redislock.celery.lock_lost")
+lock_signals.lock_lost.connect(
+    _on_lock_lost, weak=False, dispatch_uid="django_redislock.celery.lock_lost"
+)
 
 
 def _delay_seconds(options: Mapping[str, Any]) -> float:
@@ -331,14 +340,19 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         # finalizes): a bad template or option fails there, not at the first publish.
         super().__init_subclass__(**kwargs)
         if cls.lock_on_duplicate not in _DUPLICATE_CHOICES:
-            raise ValueError(f"lock_on_duplicate must be 'return' or 'raise', not "
-                             f"{cls.lock_on_duplicate!r} (task {cls.__qualname__}).")
+            raise ValueError(
+                f"lock_on_duplicate must be 'return' or 'raise', not "
+                f"{cls.lock_on_duplicate!r} (task {cls.__qualname__})."
+            )
         for option in ("lock_timeout", "lock_queue_timeout"):
             timeout = getattr(cls, option)
-            if timeout is not None and (isinstance(timeout, bool)
-                                        or not isinstance(timeout, (int, float)) or timeout <= 0):
-                raise ValueError(f"{option} must be a positive number of seconds or None, not "
-                                 f"{timeout!r} (task {cls.__qualname__}).")
+            if timeout is not None and (
+                isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
+            ):
+                raise ValueError(
+                    f"{option} must be a positive number of seconds or None, not "
+                    f"{timeout!r} (task {cls.__qualname__})."
+                )
         cls._lock_name_of = _key_function(cls, cls.lock_key)
 
     # -- keys ----------------------------------------------------------------------------------
@@ -362,8 +376,14 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         return (float(queued) if queued is not None else self._lease()) + _delay_seconds(options)
 
     def _lock(self, key: str, task_id: str, timeout: float, *, auto_renew: bool) -> Lock:
-        lock = Lock(key, timeout=timeout, auto_renew=auto_renew, using=self.lock_using,
-                    owner=task_id, task_id=task_id)
+        lock = Lock(
+            key,
+            timeout=timeout,
+            auto_renew=auto_renew,
+            using=self.lock_using,
+            owner=task_id,
+            task_id=task_id,
+        )
         lock.stats_name = self.name
         return lock
 
@@ -374,14 +394,21 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         return bool(run is not None and not run.handed_over and run.lock.lost)
 
     # -- publish -------------------------------------------------------------------------------
-    def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
-                    producer: Any = None, link: Any = None, link_error: Any = None,
-                    shadow: Any = None, **options: Any) -> Any:
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: Any = None,
+        **options: Any,
+    ) -> Any:
         key = self.lock_name(args, kwargs)
         run = _runs.get((task_id, key)) if task_id is not None else None
         if run is not None and not run.handed_over:
-            return self._hand_over(run, args, kwargs, producer, link, link_error, shadow,
-                                   options)
+            return self._hand_over(run, args, kwargs, producer, link, link_error, shadow, options)
         explicit_id = task_id is not None
         task_id = task_id or celery_uuid()
         lock = self._lock(key, task_id, self._queue_lease(options), auto_renew=False)
@@ -390,45 +417,103 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
                 count, token = lock.detach()  # before publishing: a local worker may start it
                 if count > 1:  # this very task id is already queued or running
                     self._release_quietly(lock)
-                    return self._duplicate(key, task_id, explicit_id=False, link=link,
-                                           link_error=link_error, options=options)
+                    return self._duplicate(
+                        key,
+                        task_id,
+                        explicit_id=False,
+                        link=link,
+                        link_error=link_error,
+                        options=options,
+                    )
                 headers = dict(options.pop("headers", None) or {})
-                headers.update({HEADER_KEY: key, HEADER_TOKEN: token, HEADER_HOLDS: 1,
-                                HEADER_USING: self.lock_using})
+                headers.update(
+                    {
+                        HEADER_KEY: key,
+                        HEADER_TOKEN: token,
+                        HEADER_HOLDS: 1,
+                        HEADER_USING: self.lock_using,
+                    }
+                )
                 try:
-                    return super().apply_async(args, kwargs, task_id=task_id, producer=producer,
-                                               link=link, link_error=link_error, shadow=shadow,
-                                               headers=headers, **options)
+                    return super().apply_async(
+                        args,
+                        kwargs,
+                        task_id=task_id,
+                        producer=producer,
+                        link=link,
+                        link_error=link_error,
+                        shadow=shadow,
+                        headers=headers,
+                        **options,
+                    )
                 except BaseException:
                     # Not published (or unknown): free the key before the error propagates.
                     self._release_quietly(lock)
                     raise
             info = get_lock_info(key, using=self.lock_using)
             if info is not None:
-                return self._duplicate(key, info.task_id, explicit_id=explicit_id, link=link,
-                                       link_error=link_error, options=options,
-                                       own_id=task_id)
+                return self._duplicate(
+                    key,
+                    info.task_id,
+                    explicit_id=explicit_id,
+                    link=link,
+                    link_error=link_error,
+                    options=options,
+                    own_id=task_id,
+                )
             # Released between the two calls: try again.
-        raise DuplicateTaskError(None, key, f"Lock {key!r} kept changing hands; nothing was "
-                                 "published. Try again.")
+        raise DuplicateTaskError(
+            None, key, f"Lock {key!r} kept changing hands; nothing was published. Try again."
+        )
 
-    def _duplicate(self, key: str, existing: str | None, *, explicit_id: bool, link: Any,
-                   link_error: Any, options: Mapping[str, Any], own_id: str | None = None
-                   ) -> Any:
-        in_canvas = bool(link or link_error or options.get("chain") or options.get("chord")
-                         or options.get("group_id"))
-        must_raise = (self.lock_on_duplicate == "raise" or in_canvas or existing is None
-                      or (explicit_id and own_id != existing))
-        task_deduplicated.send_robust(type(self), task=self, key=key, existing_task_id=existing,
-                                      raised=must_raise)
-        logger.info("%s not published: lock %r is held by %s.", self.name, key,
-                    f"task {existing}" if existing else "a holder that is not a task")
+    def _duplicate(
+        self,
+        key: str,
+        existing: str | None,
+        *,
+        explicit_id: bool,
+        link: Any,
+        link_error: Any,
+        options: Mapping[str, Any],
+        own_id: str | None = None,
+    ) -> Any:
+        in_canvas = bool(
+            link
+            or link_error
+            or options.get("chain")
+            or options.get("chord")
+            or options.get("group_id")
+        )
+        must_raise = (
+            self.lock_on_duplicate == "raise"
+            or in_canvas
+            or existing is None
+            or (explicit_id and own_id != existing)
+        )
+        task_deduplicated.send_robust(
+            type(self), task=self, key=key, existing_task_id=existing, raised=must_raise
+        )
+        logger.info(
+            "%s not published: lock %r is held by %s.",
+            self.name,
+            key,
+            f"task {existing}" if existing else "a holder that is not a task",
+        )
         if must_raise or existing is None:
             raise DuplicateTaskError(existing, key)
         return self.AsyncResult(existing)
 
-    def _hand_over(self, run: _Run, args: Any, kwargs: Any, producer: Any, link: Any,
-                   link_error: Any, shadow: Any, options: dict[str, Any]) -> Any:
+    def _hand_over(
+        self,
+        run: _Run,
+        args: Any,
+        kwargs: Any,
+        producer: Any,
+        link: Any,
+        link_error: Any,
+        shadow: Any,
+        options: dict[str, Any],
+    ) -> Any:
         """Publish a retry (or a same-key replacement) that inherits this attempt's holds.
 
         The holds are never dropped in between, so no other publish can slip in, and the next
@@ -436,21 +521,38 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         """
         count, token = run.lock.detach()  # the watchdog must not shorten the lease set below
         headers = dict(options.pop("headers", None) or {})
-        headers.update({HEADER_KEY: run.key, HEADER_TOKEN: None, HEADER_HOLDS: 0,
-                        HEADER_USING: self.lock_using})
+        headers.update(
+            {
+                HEADER_KEY: run.key,
+                HEADER_TOKEN: None,
+                HEADER_HOLDS: 0,
+                HEADER_USING: self.lock_using,
+            }
+        )
         if count:
-            queued = self._lock(run.key, run.task_id, self._queue_lease(options),
-                                auto_renew=False)
+            queued = self._lock(run.key, run.task_id, self._queue_lease(options), auto_renew=False)
             try:
                 queued.renew()
             except LockNotOwnedError:
-                logger.warning("Task %s[%s] hands over lock %r, but it was already lost.",
-                               self.name, run.task_id, run.key)
+                logger.warning(
+                    "Task %s[%s] hands over lock %r, but it was already lost.",
+                    self.name,
+                    run.task_id,
+                    run.key,
+                )
             else:
                 headers.update({HEADER_TOKEN: token, HEADER_HOLDS: count})
-        result = super().apply_async(args, kwargs, task_id=run.task_id, producer=producer,
-                                     link=link, link_error=link_error, shadow=shadow,
-                                     headers=headers, **options)
+        result = super().apply_async(
+            args,
+            kwargs,
+            task_id=run.task_id,
+            producer=producer,
+            link=link,
+            link_error=link_error,
+            shadow=shadow,
+            headers=headers,
+            **options,
+        )
         run.handed_over = True
         return result
 
@@ -506,12 +608,20 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         try:
             self.update_state(task_id=task_id, state=SKIPPED, meta=meta)
         except Exception:  # a disabled/failing result backend must not hide the skip itself
-            logger.warning("Could not store the SKIPPED state of %s[%s]", self.name, task_id,
-                           exc_info=True)
-        logger.warning("Task %s[%s] skipped: lock %r is held by %s (%s).", self.name, task_id,
-                       key, f"task {holder}" if holder else "another holder", reason)
-        task_skipped.send_robust(type(self), task=self, task_id=task_id, key=key, holder=holder,
-                                 reason=reason)
+            logger.warning(
+                "Could not store the SKIPPED state of %s[%s]", self.name, task_id, exc_info=True
+            )
+        logger.warning(
+            "Task %s[%s] skipped: lock %r is held by %s (%s).",
+            self.name,
+            task_id,
+            key,
+            f"task {holder}" if holder else "another holder",
+            reason,
+        )
+        task_skipped.send_robust(
+            type(self), task=self, task_id=task_id, key=key, holder=holder, reason=reason
+        )
         raise Ignore(f"skipped: lock {key!r} is held by {holder or 'another holder'}")
 
     def _end_run(self, run: _Run) -> None:
@@ -524,17 +634,29 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         try:
             released = self._release_quietly(run.lock, all_holds=True)
         except LockBackendError:
-            logger.warning("Task %s[%s] could not release lock %r; it expires within %ss.",
-                           self.name, run.task_id, run.key, self._lease(), exc_info=True)
+            logger.warning(
+                "Task %s[%s] could not release lock %r; it expires within %ss.",
+                self.name,
+                run.task_id,
+                run.key,
+                self._lease(),
+                exc_info=True,
+            )
             return
         if not released:
-            logger.error("Task %s[%s] finished without its lock %r (expired or force-released "
-                         "while it ran).", self.name, run.task_id, run.key)
+            logger.error(
+                "Task %s[%s] finished without its lock %r (expired or force-released "
+                "while it ran).",
+                self.name,
+                run.task_id,
+                run.key,
+            )
 
 
 # -- worker main process -----------------------------------------------------------------------
-def release_for_request(task: Any, task_id: str | None, request: Any, args: Any = None,
-                        kwargs: Any = None) -> bool:
+def release_for_request(
+    task: Any, task_id: str | None, request: Any, args: Any = None, kwargs: Any = None
+) -> bool:
     """Release every hold of ``task_id`` on its key; for code that outlives the run (revoke,
     a dead pool child). Returns whether something was released."""
     if not isinstance(task, SingleFlightTask) or not task_id:
@@ -543,8 +665,12 @@ def release_for_request(task: Any, task_id: str | None, request: Any, args: Any 
     try:
         key = headers.get(HEADER_KEY) or task.lock_name(args, kwargs)
     except Exception:
-        logger.warning("Cannot compute the lock key of %s[%s] to release it.", task.name, task_id,
-                       exc_info=True)
+        logger.warning(
+            "Cannot compute the lock key of %s[%s] to release it.",
+            task.name,
+            task_id,
+            exc_info=True,
+        )
         return False
     lock = Lock(key, owner=task_id, using=headers.get(HEADER_USING) or task.lock_using)
     try:
@@ -552,8 +678,13 @@ def release_for_request(task: Any, task_id: str | None, request: Any, args: Any 
     except LockNotOwnedError:
         return False
     except LockBackendError:
-        logger.warning("Could not release lock %r of %s[%s]; it expires within its lease.", key,
-                       task.name, task_id, exc_info=True)
+        logger.warning(
+            "Could not release lock %r of %s[%s]; it expires within its lease.",
+            key,
+            task.name,
+            task_id,
+            exc_info=True,
+        )
         return False
     logger.info("Released lock %r of %s[%s] for the worker.", key, task.name, task_id)
     return True
@@ -570,23 +701,31 @@ class SingleFlightRequest(Request):
     never ran, so the key is released here, before Celery requeues or retries the message.
     """
 
-    def on_failure(self, exc_info: Any, send_failed_event: bool = True,
-                   return_ok: bool = False) -> Any:
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> Any:
         exc = getattr(exc_info, "exception", None)
         exc = getattr(exc, "exc", exc)  # ExceptionWithTraceback
         if isinstance(exc, _CHILD_GONE):
             release_for_request(self.task, self.id, self.request_dict, self.args, self.kwargs)
-        return super().on_failure(exc_info, send_failed_event=send_failed_event,
-                                  return_ok=return_ok)
+        return super().on_failure(
+            exc_info, send_failed_event=send_failed_event, return_ok=return_ok
+        )
 
 
 def _on_task_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
     """A revoked, expired or terminated message will not run: free its key now."""
     if request is None:
         return
-    release_for_request(sender, getattr(request, "id", None), request,
-                        getattr(request, "args", None), getattr(request, "kwargs", None))
+    release_for_request(
+        sender,
+        getattr(request, "id", None),
+        request,
+        getattr(request, "args", None),
+        getattr(request, "kwargs", None),
+    )
 
 
-task_revoked.connect(_on_task_revoked, weak=False,
-                     dispatch_uid="django_redislock.celery.task_revoked")
+task_revoked.connect(
+    _on_task_revoked, weak=False, dispatch_uid="django_redislock.celery.task_revoked"
+)

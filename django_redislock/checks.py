@@ -53,23 +53,33 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         return messages
     caches = getattr(settings, "CACHES", {})
     if alias not in caches:
-        messages.append(Error(
-            f"REDISLOCK['CACHE'] is {alias!r}, but CACHES has no such alias.",
-            hint=f"Add CACHES[{alias!r}] (django_redis.cache.RedisCache) or point "
-                 f"REDISLOCK['CACHE'] at one of: {', '.join(caches) or 'none defined'}.",
-            id="django_redislock.E001"))
+        messages.append(
+            Error(
+                f"REDISLOCK['CACHE'] is {alias!r}, but CACHES has no such alias.",
+                hint=f"Add CACHES[{alias!r}] (django_redis.cache.RedisCache) or point "
+                f"REDISLOCK['CACHE'] at one of: {', '.join(caches) or 'none defined'}.",
+                id="django_redislock.E001",
+            )
+        )
         return messages
     backend = str(caches[alias].get("BACKEND", ""))
     if not _is_redis_backend(backend):
-        messages.append(Error(
-            f"CACHES[{alias!r}] uses {backend!r}, which is not Redis-backed.",
-            hint="Use django_redis.cache.RedisCache or "
-                 "django.core.cache.backends.redis.RedisCache for the lock cache.",
-            id="django_redislock.E009"))
+        messages.append(
+            Error(
+                f"CACHES[{alias!r}] uses {backend!r}, which is not Redis-backed.",
+                hint="Use django_redis.cache.RedisCache or "
+                "django.core.cache.backends.redis.RedisCache for the lock cache.",
+                id="django_redislock.E009",
+            )
+        )
     elif not _has_socket_timeout(caches[alias]):
-        messages.append(Warning(
-            f"CACHES[{alias!r}] sets no socket timeout: if Redis hangs, lock calls hang with it.",
-            hint="Set OPTIONS SOCKET_TIMEOUT (django-redis) or socket_timeout (Django's "
-                 "RedisCache), e.g. 5 seconds.",
-            id="django_redislock.W001"))
+        messages.append(
+            Warning(
+                f"CACHES[{alias!r}] sets no socket timeout: "
+                "if Redis hangs, lock calls hang with it.",
+                hint="Set OPTIONS SOCKET_TIMEOUT (django-redis) or socket_timeout (Django's "
+                "RedisCache), e.g. 5 seconds.",
+                id="django_redislock.W001",
+            )
+        )
     return messages

@@ -84,7 +84,7 @@ class KeySpace:
         head = f"{self.namespace}:lock:{{"
         if not (key.startswith(head) and key.endswith("}")):
             raise ValueError(f"{key!r} is not a lock key of namespace {self.namespace!r}")
-        return key[len(head):-1]
+        return key[len(head) : -1]
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,15 @@ class LockRecord:
     @classmethod
     def parse(cls, key: str, raw: bytes | str, pttl_ms: int) -> LockRecord:
         data = json.loads(raw)
-        return cls(key=key, owner=data["o"], count=int(data["n"]), token=int(data["t"]),
-                   acquired_at_ms=int(data["at"]), meta=data.get("m") or {}, pttl_ms=int(pttl_ms))
+        return cls(
+            key=key,
+            owner=data["o"],
+            count=int(data["n"]),
+            token=int(data["t"]),
+            acquired_at_ms=int(data["at"]),
+            meta=data.get("m") or {},
+            pttl_ms=int(pttl_ms),
+        )
 
 
 _clients: dict[str, Redis] = {}
@@ -263,8 +270,9 @@ def write_stats(client: Redis, updates: Sequence[StatsUpdate], *, now: float, tt
     pipe.execute()
 
 
-def read_stats(client: Redis, keys: Sequence[tuple[str, str]]
-               ) -> list[tuple[dict[Any, Any], list[tuple[Any, float]]]]:
+def read_stats(
+    client: Redis, keys: Sequence[tuple[str, str]]
+) -> list[tuple[dict[Any, Any], list[tuple[Any, float]]]]:
     """``(hash, maxima)`` of each ``(stats key, max key)`` pair, in one round trip."""
     pipe = client.pipeline(transaction=False)
     for key, max_key in keys:

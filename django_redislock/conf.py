@@ -48,30 +48,60 @@ def validate_settings(raw: object) -> list[tuple[str, str, str]]:
     report them all), so the two can never disagree.
     """
     if not isinstance(raw, Mapping):
-        return [("E002", f"REDISLOCK must be a dict, not {type(raw).__name__}.",
-                 "Set REDISLOCK = {...} or remove it to use the defaults.")]
+        return [
+            (
+                "E002",
+                f"REDISLOCK must be a dict, not {type(raw).__name__}.",
+                "Set REDISLOCK = {...} or remove it to use the defaults.",
+            )
+        ]
     problems: list[tuple[str, str, str]] = []
     unknown = sorted(set(raw) - set(DEFAULTS))
     if unknown:
-        problems.append(("E003", f"Unknown REDISLOCK key(s): {', '.join(map(str, unknown))}.",
-                         f"Valid keys are {', '.join(DEFAULTS)}."))
+        problems.append(
+            (
+                "E003",
+                f"Unknown REDISLOCK key(s): {', '.join(map(str, unknown))}.",
+                f"Valid keys are {', '.join(DEFAULTS)}.",
+            )
+        )
     cache = raw.get("CACHE", DEFAULTS["CACHE"])
     if not isinstance(cache, str) or not cache:
-        problems.append(("E004", "REDISLOCK['CACHE'] must be a non-empty string (a CACHES alias).",
-                         "For example REDISLOCK = {'CACHE': 'default'}."))
+        problems.append(
+            (
+                "E004",
+                "REDISLOCK['CACHE'] must be a non-empty string (a CACHES alias).",
+                "For example REDISLOCK = {'CACHE': 'default'}.",
+            )
+        )
     prefix = raw.get("KEY_PREFIX", DEFAULTS["KEY_PREFIX"])
     if not isinstance(prefix, str) or not prefix or any(c in prefix for c in "{}*?[]\\ \n"):
-        problems.append(("E005", "REDISLOCK['KEY_PREFIX'] must be a non-empty string without "
-                         "braces, glob characters or whitespace.",
-                         "Braces would break the Redis Cluster hash tag of every lock key."))
+        problems.append(
+            (
+                "E005",
+                "REDISLOCK['KEY_PREFIX'] must be a non-empty string without "
+                "braces, glob characters or whitespace.",
+                "Braces would break the Redis Cluster hash tag of every lock key.",
+            )
+        )
     timeout = raw.get("TIMEOUT", DEFAULTS["TIMEOUT"])
     if not _is_number(timeout) or timeout <= 0:
-        problems.append(("E006", f"REDISLOCK['TIMEOUT'] must be a positive number of seconds, "
-                         f"not {timeout!r}.", "A lease of 10-60 seconds suits most jobs."))
+        problems.append(
+            (
+                "E006",
+                f"REDISLOCK['TIMEOUT'] must be a positive number of seconds, not {timeout!r}.",
+                "A lease of 10-60 seconds suits most jobs.",
+            )
+        )
     blocking = raw.get("BLOCKING_TIMEOUT", DEFAULTS["BLOCKING_TIMEOUT"])
     if blocking is not None and (not _is_number(blocking) or blocking < 0):
-        problems.append(("E007", f"REDISLOCK['BLOCKING_TIMEOUT'] must be None or a number >= 0, "
-                         f"not {blocking!r}.", "None waits forever; 0 does not wait."))
+        problems.append(
+            (
+                "E007",
+                f"REDISLOCK['BLOCKING_TIMEOUT'] must be None or a number >= 0, not {blocking!r}.",
+                "None waits forever; 0 does not wait.",
+            )
+        )
     for key in ("AUTO_RENEW", "STATS"):
         if not isinstance(raw.get(key, DEFAULTS[key]), bool):
             problems.append(("E008", f"REDISLOCK['{key}'] must be True or False.", ""))

@@ -45,8 +45,9 @@ def template_fields(template: str) -> list[str]:
     return roots
 
 
-def compile_key(key: KeySpec, func: Callable[..., Any], *, skip: tuple[str, ...] = ()
-                ) -> Callable[..., str]:
+def compile_key(
+    key: KeySpec, func: Callable[..., Any], *, skip: tuple[str, ...] = ()
+) -> Callable[..., str]:
     """Turn a key spec into ``name(*args, **kwargs) -> str`` for calls of ``func``.
 
     Templates are checked *now*: a field naming no parameter of ``func`` raises ``ValueError``
@@ -62,8 +63,9 @@ def compile_key(key: KeySpec, func: Callable[..., Any], *, skip: tuple[str, ...]
         def from_callable(*args: Any, **kwargs: Any) -> str:
             name = key_func(*args, **kwargs)
             if not isinstance(name, str) or not name:
-                raise ValueError(f"Lock key callable {key_func!r} returned {name!r}, not a "
-                                 "non-empty str")
+                raise ValueError(
+                    f"Lock key callable {key_func!r} returned {name!r}, not a non-empty str"
+                )
             return name
 
         return from_callable
@@ -135,20 +137,30 @@ def distributed_lock(
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            lock = Lock(name_of(*args, **kwargs), timeout=timeout, blocking=blocking,
-                        blocking_timeout=blocking_timeout, using=using)
+            lock = Lock(
+                name_of(*args, **kwargs),
+                timeout=timeout,
+                blocking=blocking,
+                blocking_timeout=blocking_timeout,
+                using=using,
+            )
             lock.stats_name = stats_name
             if not lock.acquire():
                 if on_busy == "skip":
-                    logger.info("django_redislock: %s skipped, lock %r is busy",
-                                func.__qualname__, lock.name)
+                    logger.info(
+                        "django_redislock: %s skipped, lock %r is busy",
+                        func.__qualname__,
+                        lock.name,
+                    )
                     return None
                 if handler is not None:
                     return handler(*args, **kwargs)
                 if args and isinstance(args[0], BaseCommand):
                     raise CommandLockNotAcquiredError(
-                        lock.name, f"Lock {lock.name!r} is held by someone else: another run "
-                        "of this command is already running.")
+                        lock.name,
+                        f"Lock {lock.name!r} is held by someone else: another run "
+                        "of this command is already running.",
+                    )
                 raise LockNotAcquiredError(lock.name)
             with _Held(lock):
                 return func(*args, **kwargs)

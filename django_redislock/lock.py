@@ -70,7 +70,8 @@ def _meta(task_id: str | None) -> str:
             _meta_cache.clear()
         meta = _meta_cache[ident] = json.dumps(
             {"host": _HOST, "pid": _pid, "thread": ident[0], "task_id": task_id},
-            separators=(",", ":"))
+            separators=(",", ":"),
+        )
     return meta
 
 
@@ -182,10 +183,13 @@ class Lock:
         if target is None or target.settings is not settings:
             keys = redis_client.keyspace(self.using)
             target = self._target = _Target(
-                settings=settings, client=redis_client.get_client(self.using),
+                settings=settings,
+                client=redis_client.get_client(self.using),
                 lock_key=keys.lock(self.name),
                 script_keys=[keys.lock(self.name), keys.fence(self.name), keys.queue(self.name)],
-                wake_prefix=keys.wake_prefix(self.name), lease_ms=int(self.timeout * 1000))
+                wake_prefix=keys.wake_prefix(self.name),
+                lease_ms=int(self.timeout * 1000),
+            )
         return target
 
     def __repr__(self) -> str:
@@ -253,8 +257,9 @@ class Lock:
             hold = _holds.get((id(client), lock_key, owner))
             if hold is not None and not hold.lost:
                 raise LockNotAcquiredError(
-                    self.name, f"Lock {self.name!r} is already held by this owner and "
-                    "reentrant=False: acquiring it again would deadlock."
+                    self.name,
+                    f"Lock {self.name!r} is already held by this owner and "
+                    "reentrant=False: acquiring it again would deadlock.",
                 )
         meta = _meta(self._task_id or _current_task_id())
         waiter = f"{_process_token}.{next(_waiter_seq)}" if blocking and limit != 0 else ""
@@ -266,12 +271,23 @@ class Lock:
             while True:
                 entry_lease = self._wait_span(deadline, self.timeout) + _ENTRY_MARGIN
                 with redis_client.backend_errors(f"acquire lock {self.name!r}"):
-                    state, value, extra = scripts.ACQUIRE(client, key_list, [
-                        owner, target.lease_ms, meta, waiter, int(entry_lease * 1000), entry,
-                        int(time.time() * 1000)])
+                    state, value, extra = scripts.ACQUIRE(
+                        client,
+                        key_list,
+                        [
+                            owner,
+                            target.lease_ms,
+                            meta,
+                            waiter,
+                            int(entry_lease * 1000),
+                            entry,
+                            int(time.time() * 1000),
+                        ],
+                    )
                 if state == 1:
-                    return self._acquired(client, lock_key, owner, int(value), int(extra),
-                                          started, contended)
+                    return self._acquired(
+                        client, lock_key, owner, int(value), int(extra), started, contended
+                    )
                 contended = True
                 if not waiter:
                     return self._failed(started)
@@ -285,8 +301,9 @@ class Lock:
                         handed = redis_client.blocking_pop(client, key_list[3], wait)
                     if handed is not None:
                         entry = ""
-                        return self._acquired(client, lock_key, owner, int(handed), 1, started,
-                                              True)
+                        return self._acquired(
+                            client, lock_key, owner, int(handed), 1, started, True
+                        )
                 if deadline is not None and time.monotonic() >= deadline:
                     token = self._cancel(target, key_list[3], entry)
                     entry = ""
@@ -312,23 +329,38 @@ class Lock:
         """Interrupted while queued: leave the queue; pass on a lock handed to us meanwhile."""
         try:
             if self._cancel(target, wake_key, entry):
-                scripts.RELEASE(target.client, target.script_keys,
-                                [owner, "1", target.wake_prefix])
+                scripts.RELEASE(target.client, target.script_keys, [owner, "1", target.wake_prefix])
         except Exception:  # the original interruption matters more; the lease bounds the damage
-            logger.warning("django_redislock: could not clean up the wait for %r", self.name,
-                           exc_info=True)
+            logger.warning(
+                "django_redislock: could not clean up the wait for %r", self.name, exc_info=True
+            )
 
-    def _acquired(self, client: Any, lock_key: str, owner: str, token: int, count: int,
-                  started: float, contended: bool) -> bool:
+    def _acquired(
+        self,
+        client: Any,
+        lock_key: str,
+        owner: str,
+        token: int,
+        count: int,
+        started: float,
+        contended: bool,
+    ) -> bool:
         ident = (id(client), lock_key, owner)
         stale = None
         with _holds_lock:
             hold = _holds.get(ident)
             if hold is None or hold.lost or count == 1:
                 stale = hold  # a hold whose lock expired unnoticed before this fresh acquisition
-                hold = Hold(client=client, name=self.name, key=lock_key, owner=owner,
-                            lease=self.timeout, token=token, count=count,
-                            auto_renew=self.auto_renew)
+                hold = Hold(
+                    client=client,
+                    name=self.name,
+                    key=lock_key,
+                    owner=owner,
+                    lease=self.timeout,
+                    token=token,
+                    count=count,
+                    auto_renew=self.auto_renew,
+                )
                 hold.set_lock(self)
                 _holds[ident] = hold
                 fresh = True
@@ -343,13 +375,19 @@ class Lock:
             watchdog.register(hold)
         if fresh:
             signals.lock_acquired.send_robust(
-                Lock, lock=self, name=self.name, token=token,
-                waited=time.monotonic() - started, contended=contended)
+                Lock,
+                lock=self,
+                name=self.name,
+                token=token,
+                waited=time.monotonic() - started,
+                contended=contended,
+            )
         return True
 
     def _failed(self, started: float) -> bool:
-        signals.lock_acquire_failed.send_robust(Lock, lock=self, name=self.name,
-                                                waited=time.monotonic() - started)
+        signals.lock_acquire_failed.send_robust(
+            Lock, lock=self, name=self.name, waited=time.monotonic() - started
+        )
         return False
 
     # -- release / renew -----------------------------------------------------------------------
@@ -366,8 +404,13 @@ class Lock:
         if hold is not None and (all_holds or hold.count <= 1):
             watchdog.unregister(hold)  # before the script: never renew a released lock
         with redis_client.backend_errors(f"release lock {self.name!r}"):
-            left = int(scripts.RELEASE(target.client, target.script_keys,
-                                       [owner, "1" if all_holds else "0", target.wake_prefix]))
+            left = int(
+                scripts.RELEASE(
+                    target.client,
+                    target.script_keys,
+                    [owner, "1" if all_holds else "0", target.wake_prefix],
+                )
+            )
         if left < 0:
             if hold is not None:
                 self._mark_lost(hold)
@@ -382,8 +425,9 @@ class Lock:
             if left == 0 and _holds.get(ident) is hold:
                 del _holds[ident]
         if left == 0:
-            signals.lock_released.send_robust(Lock, lock=self, name=self.name,
-                                              held=time.monotonic() - hold.acquired_at)
+            signals.lock_released.send_robust(
+                Lock, lock=self, name=self.name, held=time.monotonic() - hold.acquired_at
+            )
 
     def detach(self) -> tuple[int, int | None]:
         """Forget this process's record of the hold, leaving the lock in Redis untouched.
@@ -413,8 +457,9 @@ class Lock:
         if not ok:
             if hold is not None:
                 self._mark_lost(hold)
-            raise LockNotOwnedError(f"Cannot renew lock {self.name!r}: it is no longer held by "
-                                    f"this owner ({owner}).")
+            raise LockNotOwnedError(
+                f"Cannot renew lock {self.name!r}: it is no longer held by this owner ({owner})."
+            )
 
     def _mark_lost(self, hold: Hold) -> None:
         watchdog.unregister(hold)
@@ -422,8 +467,9 @@ class Lock:
         hold.lost = True
         self._last[hold.owner] = hold
         if first:
-            logger.warning("django_redislock: lock %r was lost while held by %s.", self.name,
-                           hold.owner)
+            logger.warning(
+                "django_redislock: lock %r was lost while held by %s.", self.name, hold.owner
+            )
             _on_lost(hold)
 
     # -- context manager -----------------------------------------------------------------------
@@ -432,8 +478,12 @@ class Lock:
             raise LockNotAcquiredError(self.name)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         hold = self._last.get(self.owner)
         if hold is not None and hold.lost:
             self._lost_on_exit(exc)
@@ -448,8 +498,10 @@ class Lock:
             logger.warning("django_redislock: could not release %r", self.name, exc_info=True)
 
     def _lost_on_exit(self, exc: BaseException | None, cause: BaseException | None = None) -> None:
-        message = (f"Lock {self.name!r} was lost (expired or force-released) while the protected "
-                   "block ran; its work may have overlapped with another holder.")
+        message = (
+            f"Lock {self.name!r} was lost (expired or force-released) while the protected "
+            "block ran; its work may have overlapped with another holder."
+        )
         if exc is not None:
             # Keep the block's own exception: it says more about what went wrong.
             logger.warning("django_redislock: %s", message)

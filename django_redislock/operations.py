@@ -38,9 +38,15 @@ class LockInfo:
     def as_dict(self) -> dict[str, object]:
         """JSON-ready fields (``acquired_at`` as ISO 8601)."""
         return {
-            "name": self.name, "owner": self.owner, "host": self.host, "pid": self.pid,
-            "thread": self.thread, "task_id": self.task_id, "fencing_token": self.fencing_token,
-            "hold_count": self.hold_count, "acquired_at": self.acquired_at.isoformat(),
+            "name": self.name,
+            "owner": self.owner,
+            "host": self.host,
+            "pid": self.pid,
+            "thread": self.thread,
+            "task_id": self.task_id,
+            "fencing_token": self.fencing_token,
+            "hold_count": self.hold_count,
+            "acquired_at": self.acquired_at.isoformat(),
             "expires_in": self.expires_in,
         }
 
@@ -62,8 +68,9 @@ def _info(keys: redis_client.KeySpace, record: redis_client.LockRecord) -> LockI
     )
 
 
-def lock_page(*, cursor: int = 0, match: str | None = None, count: int = 500,
-              using: str | None = None) -> tuple[int, list[LockInfo]]:
+def lock_page(
+    *, cursor: int = 0, match: str | None = None, count: int = 500, using: str | None = None
+) -> tuple[int, list[LockInfo]]:
     """One SCAN step of active locks: ``(next_cursor, infos)``; ``next_cursor == 0`` when done.
 
     Two round trips whatever the page size (SCAN, then one pipeline of GET+PTTL). SCAN may
@@ -73,7 +80,8 @@ def lock_page(*, cursor: int = 0, match: str | None = None, count: int = 500,
     keys = redis_client.keyspace(using)
     with redis_client.backend_errors("list locks"):
         next_cursor, found = redis_client.scan_keys(
-            client, keys.lock_pattern(match), cursor=cursor, count=count)
+            client, keys.lock_pattern(match), cursor=cursor, count=count
+        )
         records = redis_client.read_locks(client, found)
     return next_cursor, [_info(keys, r) for r in records]
 
@@ -116,8 +124,11 @@ def force_release(name: str, *, token: int | None = None, using: str | None = No
     keys = redis_client.keyspace(using)
     with redis_client.backend_errors(f"force-release lock {name!r}"):
         released, current = scripts.FORCE_RELEASE(
-            client, [keys.lock(name), keys.fence(name), keys.queue(name)],
-            ["" if token is None else str(token), keys.wake_prefix(name)])
+            client,
+            [keys.lock(name), keys.fence(name), keys.queue(name)],
+            ["" if token is None else str(token), keys.wake_prefix(name)],
+        )
     signals.lock_force_released.send_robust(
-        None, name=name, token=int(current) or None, using=using, released=bool(released))
+        None, name=name, token=int(current) or None, using=using, released=bool(released)
+    )
     return bool(released)

@@ -32,10 +32,16 @@ __all__ = ["LockStatsCollector", "register_collector"]
 
 _COUNTERS = (
     ("redislock_acquisitions", "Lock acquisitions.", "acquired"),
-    ("redislock_contended_acquisitions", "Acquisitions that found the lock busy at first.",
-     "contended"),
-    ("redislock_failed_acquisitions", "Acquisition attempts that timed out or found the lock "
-     "busy without waiting.", "failed"),
+    (
+        "redislock_contended_acquisitions",
+        "Acquisitions that found the lock busy at first.",
+        "contended",
+    ),
+    (
+        "redislock_failed_acquisitions",
+        "Acquisition attempts that timed out or found the lock busy without waiting.",
+        "failed",
+    ),
     ("redislock_releases", "Releases of the last hold of a lock.", "released"),
     ("redislock_losses", "Locks found lost (expired or force-released) by their holder.", "lost"),
     ("redislock_force_releases", "Locks force-released by an operator.", "force_released"),
@@ -63,10 +69,13 @@ class LockStatsCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        counters: list[tuple[Any, str]] = [(CounterMetricFamily(name, doc, labels=["name"]), field)
-                    for name, doc, field in _COUNTERS]
-        gauges: list[tuple[Any, str]] = [(GaugeMetricFamily(name, doc, labels=["name"]), field)
-                  for name, doc, field in _GAUGES]
+        counters: list[tuple[Any, str]] = [
+            (CounterMetricFamily(name, doc, labels=["name"]), field)
+            for name, doc, field in _COUNTERS
+        ]
+        gauges: list[tuple[Any, str]] = [
+            (GaugeMetricFamily(name, doc, labels=["name"]), field) for name, doc, field in _GAUGES
+        ]
         for figures in itertools.islice(stats.iter_stats(using=self.using), self.limit):
             for family, field in (*counters, *gauges):
                 family.add_metric([figures.name], float(getattr(figures, field)))

@@ -51,8 +51,9 @@ class Script:
         client.script_load(self.source)
 
 
-def run_pipeline(client: Redis, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
-                 ) -> list[Any]:
+def run_pipeline(
+    client: Redis, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+) -> list[Any]:
     """Run many calls of one script in a single round trip.
 
     Results are returned in order; a failed call's result is its exception (never raised here, so

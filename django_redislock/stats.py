@@ -69,8 +69,18 @@ _MAX_FIELDS = ("wait", "hold")
 class _Tally:
     """Figures gathered since the last flush for one (cache alias, stats name)."""
 
-    __slots__ = ("acquired", "contended", "failed", "force_released", "hold_max", "hold_total",
-                 "lost", "released", "wait_max", "wait_total")
+    __slots__ = (
+        "acquired",
+        "contended",
+        "failed",
+        "force_released",
+        "hold_max",
+        "hold_total",
+        "lost",
+        "released",
+        "wait_max",
+        "wait_total",
+    )
 
     def __init__(self) -> None:
         self.acquired = self.contended = self.failed = 0
@@ -156,8 +166,15 @@ def _record(key: _Key, update: Callable[[_Tally], None]) -> None:
     _ensure_flusher()
 
 
-def _on_acquired(sender: Any, *, lock: Any = None, name: str, waited: float = 0.0,
-                 contended: bool = False, **kwargs: Any) -> None:
+def _on_acquired(
+    sender: Any,
+    *,
+    lock: Any = None,
+    name: str,
+    waited: float = 0.0,
+    contended: bool = False,
+    **kwargs: Any,
+) -> None:
     def update(tally: _Tally) -> None:
         tally.acquired += 1
         tally.contended += bool(contended)
@@ -174,8 +191,9 @@ def _on_acquire_failed(sender: Any, *, lock: Any = None, name: str, **kwargs: An
     _record(_lock_key(lock, name), update)
 
 
-def _on_released(sender: Any, *, lock: Any = None, name: str, held: float = 0.0,
-                 **kwargs: Any) -> None:
+def _on_released(
+    sender: Any, *, lock: Any = None, name: str, held: float = 0.0, **kwargs: Any
+) -> None:
     def update(tally: _Tally) -> None:
         tally.released += 1
         tally.hold_total += held
@@ -191,8 +209,9 @@ def _on_lost(sender: Any, *, lock: Any = None, name: str, **kwargs: Any) -> None
     _record(_lock_key(lock, name), update)
 
 
-def _on_force_released(sender: Any, *, name: str, using: str | None = None,
-                       released: bool = False, **kwargs: Any) -> None:
+def _on_force_released(
+    sender: Any, *, name: str, using: str | None = None, released: bool = False, **kwargs: Any
+) -> None:
     def update(tally: _Tally) -> None:
         tally.force_released += 1
 
@@ -245,8 +264,12 @@ def flush() -> None:
         batch, _pending = _pending, {}
         dropped, _dropped = _dropped, 0
     if dropped:
-        logger.warning("django_redislock: statistics of %d events were dropped (more than %d "
-                       "names between two flushes).", dropped, MAX_PENDING_NAMES)
+        logger.warning(
+            "django_redislock: statistics of %d events were dropped (more than %d "
+            "names between two flushes).",
+            dropped,
+            MAX_PENDING_NAMES,
+        )
     by_alias: dict[str | None, dict[str, _Tally]] = {}
     for (alias, stats_name), tally in batch.items():
         by_alias.setdefault(alias, {})[stats_name] = tally
@@ -254,8 +277,12 @@ def flush() -> None:
         try:
             _write(alias, tallies)
         except Exception as exc:
-            logger.warning("django_redislock: could not write lock statistics to cache %r (%s); "
-                           "keeping them for the next flush.", alias, exc)
+            logger.warning(
+                "django_redislock: could not write lock statistics to cache %r (%s); "
+                "keeping them for the next flush.",
+                alias,
+                exc,
+            )
             with _mutex:
                 for stats_name, tally in tallies.items():
                     kept = _tally((alias, stats_name))
@@ -340,8 +367,9 @@ class LockStats:
         return self.hold_total / self.released if self.released else None
 
 
-def _parse(stats_name: str, raw: dict[bytes, bytes], maxima: list[tuple[bytes, float]]
-           ) -> LockStats:
+def _parse(
+    stats_name: str, raw: dict[bytes, bytes], maxima: list[tuple[bytes, float]]
+) -> LockStats:
     def text(value: bytes | str) -> str:
         return value.decode() if isinstance(value, bytes) else value
 
@@ -366,10 +394,10 @@ def _read(alias: str | None, names: list[str]) -> list[LockStats]:
         return []
     space = keyspace(alias)
     with backend_errors("read lock statistics"):
-        replies = read_stats(get_client(alias),
-                             [(space.stats(n), space.stats_max(n)) for n in names])
-    return [_parse(n, raw, maxima) for n, (raw, maxima) in zip(names, replies, strict=True)
-            if raw]
+        replies = read_stats(
+            get_client(alias), [(space.stats(n), space.stats_max(n)) for n in names]
+        )
+    return [_parse(n, raw, maxima) for n, (raw, maxima) in zip(names, replies, strict=True) if raw]
 
 
 def get_stats(name_or_template: str, using: str | None = None) -> LockStats | None:
@@ -403,7 +431,7 @@ def iter_stats(using: str | None = None, *, batch: int = 200) -> Iterator[LockSt
             cursor, keys = scan_keys(client, pattern, cursor=cursor, count=batch)
         names = []
         for key in keys:
-            stats_name = key[len(head):]
+            stats_name = key[len(head) :]
             if stats_name not in seen:
                 seen.add(stats_name)
                 names.append(stats_name)

@@ -144,7 +144,8 @@ class Watchdog:
                     logger.warning(
                         "django_redislock: lock %r was lost (expired or force-released) while held "
                         "by %s; the protected work may now overlap with another holder.",
-                        hold.name, hold.owner,
+                        hold.name,
+                        hold.owner,
                     )
                     self.on_lost(hold)
 

@@ -107,8 +107,13 @@ def start_holder(
     return proc, json.loads(line)
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, *,
-             what: str = "condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float = 10.0,
+    interval: float = 0.02,
+    *,
+    what: str = "condition",
+) -> Any:
     """Poll ``predicate`` until it returns something truthy (returned), or fail the test."""
     deadline = time.monotonic() + timeout
     while True:

@@ -27,8 +27,12 @@ def main() -> None:
     django.setup()
     from django_redislock import Lock
 
-    lock = Lock(opts.name, timeout=opts.timeout, using=opts.using,
-                auto_renew=False if opts.no_renew else None)
+    lock = Lock(
+        opts.name,
+        timeout=opts.timeout,
+        using=opts.using,
+        auto_renew=False if opts.no_renew else None,
+    )
     lock.acquire()
     print(json.dumps({"token": lock.fencing_token, "pid": os.getpid()}), flush=True)
     if opts.hold is None:

@@ -75,14 +75,22 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         args = [
             self.binary,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--save", "",
-            "--appendonly", "no",
-            "--daemonize", "no",
-            "--dir", self._dir,
-            "--databases", "16",
-            "--loglevel", "warning",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--dir",
+            self._dir,
+            "--databases",
+            "16",
+            "--loglevel",
+            "warning",
         ]
         log = open(Path(self._dir) / "server.log", "ab")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)

@@ -56,7 +56,8 @@ def make_user(django_user_model, username: str, *codenames: str, staff: bool = T
     user = django_user_model.objects.create_user(username, password="pw", is_staff=staff)
     for codename in codenames:
         user.user_permissions.add(
-            Permission.objects.get(content_type__app_label="django_redislock", codename=codename))
+            Permission.objects.get(content_type__app_label="django_redislock", codename=codename)
+        )
     return user
 
 
@@ -95,9 +96,15 @@ def texts(html: str) -> str:
 
 # -- access control -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("url", [
-    list_url(), detail_url("x"), reverse("admin:django_redislock_lock_statistics"),
-])
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        list_url(),
+        detail_url("x"),
+        reverse("admin:django_redislock_lock_statistics"),
+    ],
+)
 def test_anonymous_users_are_sent_to_the_admin_login(client, url):
     response = client.get(url)
     assert response.status_code == 302
@@ -111,9 +118,14 @@ def test_anonymous_post_releases_nothing(client, holders):
     assert get_lock_info("job") is not None
 
 
-@pytest.mark.parametrize("url", [
-    list_url(), detail_url("x"), reverse("admin:django_redislock_lock_statistics"),
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        list_url(),
+        detail_url("x"),
+        reverse("admin:django_redislock_lock_statistics"),
+    ],
+)
 def test_staff_without_view_permission_get_403(staff, url):
     assert logged_in(staff).get(url).status_code == 403
 
@@ -121,10 +133,14 @@ def test_staff_without_view_permission_get_403(staff, url):
 def test_staff_without_permission_cannot_post_the_action(staff, holders):
     info = hold(holders, "job")
     client = logged_in(staff)
-    assert client.post(list_url(), release_post("job", info["token"], confirmed=False)
-                       ).status_code == 403
-    assert client.post(list_url(), release_post("job", info["token"], confirmed=True)
-                       ).status_code == 403
+    assert (
+        client.post(list_url(), release_post("job", info["token"], confirmed=False)).status_code
+        == 403
+    )
+    assert (
+        client.post(list_url(), release_post("job", info["token"], confirmed=True)).status_code
+        == 403
+    )
     assert get_lock_info("job").fencing_token == info["token"]
     assert not LogEntry.objects.exists()
 
@@ -173,18 +189,24 @@ def test_post_with_csrf_token_from_the_confirmation_page_works(operator, holders
     client = logged_in(operator, enforce_csrf_checks=True)
     page = client.get(list_url()).content.decode()
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
-    confirm = client.post(list_url(), {**release_post("job", info["token"], confirmed=False),
-                                       "csrfmiddlewaretoken": token})
+    confirm = client.post(
+        list_url(),
+        {**release_post("job", info["token"], confirmed=False), "csrfmiddlewaretoken": token},
+    )
     assert confirm.status_code == 200
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"',
-                      confirm.content.decode()).group(1)
-    done = client.post(list_url(), {**release_post("job", info["token"], confirmed=True),
-                                    "csrfmiddlewaretoken": token})
+    token = re.search(
+        r'name="csrfmiddlewaretoken" value="([^"]+)"', confirm.content.decode()
+    ).group(1)
+    done = client.post(
+        list_url(),
+        {**release_post("job", info["token"], confirmed=True), "csrfmiddlewaretoken": token},
+    )
     assert done.status_code == 302
     assert get_lock_info("job") is None
 
 
 # -- list -----------------------------------------------------------------------------------------
+
 
 def test_list_shows_locks_held_by_another_process(viewer, holders):
     info = hold(holders, "report:daily")
@@ -225,8 +247,9 @@ def test_search_by_glob_and_by_substring(viewer, take):
     assert names("invoice:?") == {"invoice:1"}
     assert names(":1") == {"invoice:1", "report:1"}
     assert names("nothing") == set()
-    assert "No active lock matches this search." in client.get(list_url(q="nothing")
-                                                                 ).content.decode()
+    assert (
+        "No active lock matches this search." in client.get(list_url(q="nothing")).content.decode()
+    )
 
 
 def test_sort_by_expiry_and_by_held_for(viewer, take):
@@ -272,15 +295,21 @@ def test_sorted_pages_follow_each_other(viewer, monkeypatch, take):
     client = logged_in(viewer)
     html = client.get(list_url(o="expires", p="2")).content.decode()
     assert re.findall(r'<th class="field-name"><a href="[^"]*">([^<]+)</a>', html) == [
-        "s4", "s5", "s6", "s7"]
+        "s4",
+        "s5",
+        "s6",
+        "s7",
+    ]
     assert "Previous page" in html and "Next page" in html
 
 
 def test_auto_refresh_adds_a_refresh_header(viewer):
     client = logged_in(viewer)
     assert 'http-equiv="refresh"' not in client.get(list_url()).content.decode()
-    assert '<meta http-equiv="refresh" content="10">' in client.get(
-        list_url(refresh="10")).content.decode()
+    assert (
+        '<meta http-equiv="refresh" content="10">'
+        in client.get(list_url(refresh="10")).content.decode()
+    )
     assert 'http-equiv="refresh"' not in client.get(list_url(refresh="1")).content.decode()
 
 
@@ -298,9 +327,13 @@ def test_list_follows_redislock_cache_setting(viewer, take):
 
 
 def test_redis_down_shows_an_error_not_a_crash(viewer):
-    caches = {"default": {"BACKEND": "django_redis.cache.RedisCache",
-                          "LOCATION": "redis://127.0.0.1:1/0",
-                          "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5}}}
+    caches = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5},
+        }
+    }
     with override_settings(CACHES=caches):
         response = logged_in(viewer).get(list_url())
     assert response.status_code == 200
@@ -310,10 +343,12 @@ def test_redis_down_shows_an_error_not_a_crash(viewer):
 
 # -- force release --------------------------------------------------------------------------------
 
+
 def test_confirmation_page_shows_what_will_be_released_and_who_holds_it(operator, holders):
     info = hold(holders, "job")
-    response = logged_in(operator).post(list_url(), release_post("job", info["token"],
-                                                                 confirmed=False))
+    response = logged_in(operator).post(
+        list_url(), release_post("job", info["token"], confirmed=False)
+    )
     assert response.status_code == 200
     html = response.content.decode()
     text = texts(html)
@@ -328,8 +363,9 @@ def test_confirmation_page_shows_what_will_be_released_and_who_holds_it(operator
 def test_force_release_releases_writes_log_entry_and_says_so(operator, holders):
     info = hold(holders, "job")
     client = logged_in(operator)
-    response = client.post(list_url(), release_post("job", info["token"], confirmed=True),
-                           follow=True)
+    response = client.post(
+        list_url(), release_post("job", info["token"], confirmed=True), follow=True
+    )
     assert get_lock_info("job") is None
     assert "Force-released 1 lock: job." in texts(response.content.decode())
     entry = LogEntry.objects.get()
@@ -346,15 +382,17 @@ def test_changed_token_releases_nothing_and_says_so(operator, holders):
     info = hold(holders, "job")
     stale = int(info["token"]) - 1 if int(info["token"]) > 1 else 999  # type: ignore[call-overload]
     client = logged_in(operator)
-    confirm = texts(client.post(list_url(), release_post("job", stale, confirmed=False)
-                                ).content.decode())
+    confirm = texts(
+        client.post(list_url(), release_post("job", stale, confirmed=False)).content.decode()
+    )
     assert "These locks will not be touched" in confirm
     assert f"you saw fencing token {stale}; it now has token {info['token']}" in confirm
     assert "Yes, release" not in confirm
     response = client.post(list_url(), release_post("job", stale, confirmed=True), follow=True)
     assert get_lock_info("job").fencing_token == info["token"]
     assert "changed hands or was released since you looked at it: job" in texts(
-        response.content.decode())
+        response.content.decode()
+    )
     assert not LogEntry.objects.exists()
 
 
@@ -396,10 +434,15 @@ def test_several_locks_at_once_with_one_stale(operator, holders):
     a = hold(holders, "a")
     b = hold(holders, "b")
     client = logged_in(operator)
-    response = client.post(list_url(), {
-        "action": ACTION, "post": "yes",
-        "_selected_action": [f"{a['token']}:a", f"{int(b['token']) + 100}:b"],  # type: ignore[call-overload]
-    }, follow=True)
+    response = client.post(
+        list_url(),
+        {
+            "action": ACTION,
+            "post": "yes",
+            "_selected_action": [f"{a['token']}:a", f"{int(b['token']) + 100}:b"],  # type: ignore[call-overload]
+        },
+        follow=True,
+    )
     text = texts(response.content.decode())
     assert "Force-released 1 lock: a." in text and "looked at it: b" in text
     assert get_lock_info("a") is None and get_lock_info("b") is not None
@@ -418,6 +461,7 @@ def test_post_without_action_or_selection_changes_nothing(operator, holders):
 
 # -- detail, statistics ---------------------------------------------------------------------------
 
+
 def test_detail_page_shows_every_lockinfo_field_and_statistics(operator, take):
     stats.connect_receivers()
     lock = take("odd/name with spaces", task_id="task-123")
@@ -427,10 +471,16 @@ def test_detail_page_shows_every_lockinfo_field_and_statistics(operator, take):
     assert response.status_code == 200
     text = texts(response.content.decode())
     info = get_lock_info(lock.name)
-    for label, value in (("Name", info.name), ("Owner id", info.owner), ("Host", info.host),
-                         ("Process id", info.pid), ("Thread", info.thread),
-                         ("Celery task id", "task-123"), ("Fencing token", info.fencing_token),
-                         ("Hold count", 2)):
+    for label, value in (
+        ("Name", info.name),
+        ("Owner id", info.owner),
+        ("Host", info.host),
+        ("Process id", info.pid),
+        ("Thread", info.thread),
+        ("Celery task id", "task-123"),
+        ("Fencing token", info.fencing_token),
+        ("Hold count", 2),
+    ):
         assert f"{label} {value}" in text
     assert info.acquired_at.isoformat() in text
     assert "Expires in" in text and "Held for" in text
@@ -455,13 +505,15 @@ def test_statistics_page_shows_success_rate_and_means(viewer, take):
     other.join()
     holder.release()
     stats.flush()
-    text = texts(logged_in(viewer).get(reverse("admin:django_redislock_lock_statistics")
-                                       ).content.decode())
+    text = texts(
+        logged_in(viewer).get(reverse("admin:django_redislock_lock_statistics")).content.decode()
+    )
     assert "busy 1 0 1 50.0%" in text  # acquired, contended, failed, success rate
     assert "Mean hold" in text and "Mean wait" in text
 
 
 # -- wiring -------------------------------------------------------------------------------------
+
 
 @pytest.mark.urls("tests.testapp.admin_urls")
 def test_a_custom_admin_site_hosts_the_pages(operator, holders):
@@ -504,12 +556,16 @@ def test_lock_model_has_no_table_and_the_two_permissions():
 
     assert LockModel._meta.managed is False
     assert LockModel._meta.db_table not in connection.introspection.table_names()
-    codenames = set(Permission.objects.filter(content_type__app_label="django_redislock")
-                    .values_list("codename", flat=True))
+    codenames = set(
+        Permission.objects.filter(content_type__app_label="django_redislock").values_list(
+            "codename", flat=True
+        )
+    )
     assert codenames == {"view_lock", "force_release_lock"}
 
 
 # -- small pure functions -----------------------------------------------------------------------
+
 
 def test_name_glob_turns_plain_text_into_a_substring_match():
     assert name_glob("") is None
@@ -520,4 +576,6 @@ def test_name_glob_turns_plain_text_into_a_substring_match():
 
 def test_parse_selection_ignores_malformed_values():
     assert parse_selection(["3:a", "x:b", "0:c", "4", ":d", "5:e:f", "6:a"]) == [
-        (3, "a"), (5, "e:f")]
+        (3, "a"),
+        (5, "e:f"),
+    ]

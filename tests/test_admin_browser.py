@@ -13,9 +13,15 @@ from tests.conftest import ROOT, start_holder
 
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 @pytest.fixture
@@ -41,13 +47,15 @@ def operator(django_user_model):
     user = django_user_model.objects.create_user("ops", password="s3cret-pass", is_staff=True)
     for codename in ("view_lock", "force_release_lock"):
         user.user_permissions.add(
-            Permission.objects.get(content_type__app_label="django_redislock", codename=codename))
+            Permission.objects.get(content_type__app_label="django_redislock", codename=codename)
+        )
     return user
 
 
 @pytest.mark.django_db(transaction=True)
-def test_operator_force_releases_a_lock_held_by_another_process(live_server, browser_page,
-                                                                operator):
+def test_operator_force_releases_a_lock_held_by_another_process(
+    live_server, browser_page, operator
+):
     from playwright.sync_api import expect
 
     proc, held = start_holder("nightly-report", "--timeout", "10")
@@ -82,7 +90,8 @@ def test_operator_force_releases_a_lock_held_by_another_process(live_server, bro
         page.get_by_role("button", name="Yes, release").click()
 
         expect(page.locator("ul.messagelist")).to_contain_text(
-            "Force-released 1 lock: nightly-report.")
+            "Force-released 1 lock: nightly-report."
+        )
         expect(page.locator("#result_list tbody tr", has_text="nightly-report")).to_have_count(0)
         expect(page.locator("#content-main")).to_contain_text("No lock is held right now.")
         page.screenshot(path=str(ARTIFACTS / "admin_force_release_done.png"), full_page=True)

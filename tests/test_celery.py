@@ -65,8 +65,14 @@ def _clean_broker() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def worker() -> Iterator[Any]:
     """One in-process worker (4 threads) for the module, consuming the default queue only."""
-    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False,
-                      queues=["celery"], shutdown_timeout=30) as w:
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=4,
+        perform_ping_check=False,
+        queues=["celery"],
+        shutdown_timeout=30,
+    ) as w:
         yield w
 
 
@@ -124,22 +130,32 @@ def test_uuid_decimal_and_datetime_arguments_hash_stably():
     when = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
     same_instant = when.astimezone(dt.timezone(dt.timedelta(hours=2)))
     key = task.lock_name((1, {"id": ident, "amount": decimal.Decimal("1.50"), "at": when}))
-    assert key == task.lock_name((1, {"at": same_instant, "amount": decimal.Decimal("1.5"),
-                                      "id": ident}))
+    assert key == task.lock_name(
+        (1, {"at": same_instant, "amount": decimal.Decimal("1.5"), "id": ident})
+    )
     # What the worker decodes from a JSON message hashes like what the caller passed.
-    assert key == task.lock_name((1, {"id": str(ident), "amount": "1.5",
-                                      "at": when.isoformat()}))
-    assert key != task.lock_name((1, {"id": uuid.uuid4(), "amount": decimal.Decimal("1.5"),
-                                      "at": when}))
+    assert key == task.lock_name((1, {"id": str(ident), "amount": "1.5", "at": when.isoformat()}))
+    assert key != task.lock_name(
+        (1, {"id": uuid.uuid4(), "amount": decimal.Decimal("1.5"), "at": when})
+    )
     # And it is the same in another process (no hash randomisation involved).
-    code = ("import django; django.setup(); import datetime as dt, decimal, uuid; "
-            "from tests.testapp.celery_app import app; from tests.testapp import tasks; "
-            "when = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.timezone.utc); "
-            "print(tasks.unconsumed_keyed.lock_name((1, {'id': uuid.UUID("
-            "'12345678-1234-5678-1234-567812345678'), 'amount': decimal.Decimal('1.50'), "
-            "'at': when})))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(),
-                         capture_output=True, text=True, timeout=60, check=True)
+    code = (
+        "import django; django.setup(); import datetime as dt, decimal, uuid; "
+        "from tests.testapp.celery_app import app; from tests.testapp import tasks; "
+        "when = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.timezone.utc); "
+        "print(tasks.unconsumed_keyed.lock_name((1, {'id': uuid.UUID("
+        "'12345678-1234-5678-1234-567812345678'), 'amount': decimal.Decimal('1.50'), "
+        "'at': when})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert out.stdout.strip() == key
 
 
@@ -167,13 +183,21 @@ def test_template_naming_an_unknown_parameter_fails_when_the_task_is_defined(res
     def broken(account_id: int) -> None: ...
 
     with pytest.raises(ValueError, match="accountid"):
-        shared_task(base=SingleFlightTask, lock_key="sync:{accountid}",
-                    name="tests.broken_template")(broken)
+        shared_task(
+            base=SingleFlightTask, lock_key="sync:{accountid}", name="tests.broken_template"
+        )(broken)
     assert "tests.broken_template" not in app.tasks
 
 
-@pytest.mark.parametrize("options", [{"lock_on_duplicate": "ignore"}, {"lock_timeout": 0},
-                                     {"lock_queue_timeout": -1}, {"lock_key": 42}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"lock_on_duplicate": "ignore"},
+        {"lock_timeout": 0},
+        {"lock_queue_timeout": -1},
+        {"lock_key": 42},
+    ],
+)
 def test_bad_task_options_fail_when_the_task_is_defined(restore_finalizers, options):
     def task_body(x: int) -> None: ...
 
@@ -188,8 +212,9 @@ def test_an_argument_without_a_stable_form_is_a_clear_error_and_takes_nothing():
 
 
 # -- publish -----------------------------------------------------------------------------------
-def test_duplicate_publish_returns_the_queued_task_and_publishes_nothing(empty_unconsumed_queue,
-                                                                          captured):
+def test_duplicate_publish_returns_the_queued_task_and_publishes_nothing(
+    empty_unconsumed_queue, captured
+):
     first = tasks.unconsumed_race.delay(1)
     again = tasks.unconsumed_race.apply_async(kwargs={"x": 1})
     assert again.id == first.id
@@ -219,13 +244,23 @@ def test_concurrent_publishes_from_threads_send_exactly_one_message(empty_uncons
 
 def test_concurrent_publishes_from_processes_send_exactly_one_message(empty_unconsumed_queue):
     start_at = time.time() + 4.0
-    code = ("import time, django; django.setup(); from tests.testapp.celery_app import app; "
-            "from tests.testapp import tasks; app.finalize(); "
-            "tasks.unconsumed_race.lock_name((3,)); "
-            f"time.sleep(max(0, {start_at} - time.time())); "
-            "print(tasks.unconsumed_race.delay(3).id, flush=True)")
-    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(),
-                              stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    code = (
+        "import time, django; django.setup(); from tests.testapp.celery_app import app; "
+        "from tests.testapp import tasks; app.finalize(); "
+        "tasks.unconsumed_race.lock_name((3,)); "
+        f"time.sleep(max(0, {start_at} - time.time())); "
+        "print(tasks.unconsumed_race.delay(3).id, flush=True)"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
     ids = [p.communicate(timeout=60)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert len(set(ids)) == 1, ids
@@ -259,8 +294,9 @@ def test_a_countdown_extends_the_queued_lease_by_the_delay(empty_unconsumed_queu
     tasks.unconsumed_race.apply_async((6,), countdown=20)
     info = get_lock_info("race:6")
     assert info is not None and 48 < info.expires_in <= 50  # lock_timeout 30 + countdown 20
-    tasks.unconsumed_race.apply_async((7,), eta=dt.datetime.now(dt.timezone.utc)
-                                      + dt.timedelta(seconds=10))
+    tasks.unconsumed_race.apply_async(
+        (7,), eta=dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=10)
+    )
     assert 38 < get_lock_info("race:7").expires_in <= 40
 
 
@@ -279,8 +315,9 @@ def test_a_running_task_holds_the_running_lease_not_the_queued_one(worker):
 
 
 @pytest.mark.parametrize("canvas", ["link", "link_error", "chain", "group"])
-def test_a_duplicate_in_a_canvas_raises_instead_of_dropping_callbacks(empty_unconsumed_queue,
-                                                                       canvas):
+def test_a_duplicate_in_a_canvas_raises_instead_of_dropping_callbacks(
+    empty_unconsumed_queue, canvas
+):
     first = tasks.unconsumed_race.delay(8)
     sig = tasks.unconsumed_race.s(8)
     with pytest.raises(DuplicateTaskError) as caught:
@@ -314,8 +351,7 @@ def test_a_key_held_by_non_task_code_raises(empty_unconsumed_queue):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_delay_on_commit_takes_the_key_at_commit_and_nothing_after_rollback(
-        empty_unconsumed_queue):
+def test_delay_on_commit_takes_the_key_at_commit_and_nothing_after_rollback(empty_unconsumed_queue):
     with transaction.atomic():
         tasks.unconsumed_race.delay_on_commit(11)
         assert get_lock_info("race:11") is None
@@ -415,9 +451,12 @@ def test_a_redelivered_message_of_a_running_task_is_skipped(worker, captured):
     wait_for(lambda: tasks.events("start"))
     info = get_lock_info("work:rd")
     # The broker hands out the same message again (same id, same headers) while it runs.
-    app.send_task("tests.testapp.tasks.work", args=["rd", 0.0], task_id=running.id,
-                  headers={HEADER_KEY: "work:rd", HEADER_TOKEN: info.fencing_token,
-                           HEADER_HOLDS: 1})
+    app.send_task(
+        "tests.testapp.tasks.work",
+        args=["rd", 0.0],
+        task_id=running.id,
+        headers={HEADER_KEY: "work:rd", HEADER_TOKEN: info.fencing_token, HEADER_HOLDS: 1},
+    )
     wait_for(lambda: captured["skipped"])
     assert captured["skipped"][0]["reason"] == "already-running"
     assert get_lock_info("work:rd").hold_count == 2  # the running attempt's holds are intact
@@ -457,9 +496,24 @@ def test_a_periodic_task_longer_than_its_interval_never_overlaps(worker, tmp_pat
     """Real ``celery beat`` (1 s schedule), 2.5 s task: ticks are skipped, never doubled."""
     env = subprocess_env(REDISLOCK_TEST_BEAT_INTERVAL="1.0")
     beat = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "tests.testapp.celery_app", "beat",
-         "--schedule", str(tmp_path / "beat-schedule"), "--loglevel", "INFO"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.testapp.celery_app",
+            "beat",
+            "--schedule",
+            str(tmp_path / "beat-schedule"),
+            "--loglevel",
+            "INFO",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_for(lambda: len(tasks.events("start")) >= 3, 30, 0.1)
     finally:

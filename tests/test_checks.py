@@ -45,8 +45,10 @@ def test_bad_setting_is_an_error(settings, value, expected):
 
 
 def test_missing_socket_timeout_is_a_warning(settings):
-    settings.CACHES = {**settings.CACHES, "bare": {"BACKEND": "django_redis.cache.RedisCache",
-                                                   "LOCATION": "redis://127.0.0.1:1/0"}}
+    settings.CACHES = {
+        **settings.CACHES,
+        "bare": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:1/0"},
+    }
     settings.REDISLOCK = {"CACHE": "bare"}
     assert ids(check_settings()) == ["django_redislock.W001"]
 
@@ -59,11 +61,18 @@ def test_call_command_check_fails_on_bad_settings(settings):
 
 def test_manage_py_check_exits_non_zero(tmp_path):
     (tmp_path / "bad_settings.py").write_text(
-        "from tests.settings import *\nREDISLOCK = {'TIMEOUT': -1}\n")
+        "from tests.settings import *\nREDISLOCK = {'TIMEOUT': -1}\n"
+    )
     env = subprocess_env(DJANGO_SETTINGS_MODULE="bad_settings")
     env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
-    proc = subprocess.run([sys.executable, "-m", "django", "check"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0
     assert "django_redislock.E006" in proc.stderr
 

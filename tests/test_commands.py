@@ -22,7 +22,11 @@ def manage(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     """``python -m django ARGS --settings tests.settings`` in a fresh process, same Redis."""
     return subprocess.run(
         [sys.executable, "-m", "django", *args, "--settings", "tests.settings"],
-        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=timeout,
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -33,6 +37,7 @@ def run(*args: str) -> str:
 
 
 # -- list ---------------------------------------------------------------------------------------
+
 
 def test_list_shows_a_lock_held_by_another_process(holders):
     info = hold(holders, "report:daily")
@@ -73,8 +78,11 @@ def test_list_in_a_subprocess_sees_the_holders_lock(holders):
     result = manage("redislock", "list", "--json")
     assert result.returncode == 0, result.stderr
     [obj] = [json.loads(line) for line in result.stdout.splitlines()]
-    assert (obj["name"], obj["fencing_token"], obj["pid"]) == ("nightly", info["token"],
-                                                              info["pid"])
+    assert (obj["name"], obj["fencing_token"], obj["pid"]) == (
+        "nightly",
+        info["token"],
+        info["pid"],
+    )
 
 
 def test_list_follows_using(holders):
@@ -89,6 +97,7 @@ def test_unknown_cache_alias_is_a_clear_error():
 
 
 # -- release ------------------------------------------------------------------------------------
+
 
 def test_release_frees_a_lock_held_by_another_process(holders):
     hold(holders, "stuck")
@@ -149,6 +158,7 @@ def test_missing_subcommand_is_a_usage_error():
 
 # -- stats --------------------------------------------------------------------------------------
 
+
 def test_stats_json_reports_recorded_figures():
     stats.connect_receivers()
     for _ in range(3):
@@ -168,13 +178,25 @@ def test_stats_for_an_unknown_name_fails():
 
 # -- LockedCommand ------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def running_guarded() -> Iterator[subprocess.Popen[str]]:
     """``manage.py slow_guarded --seconds 20`` in a subprocess, once it holds its lock."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "django", "slow_guarded", "--seconds", "20",
-         "--settings", "tests.settings"],
-        cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "django",
+            "slow_guarded",
+            "--seconds",
+            "20",
+            "--settings",
+            "tests.settings",
+        ],
+        cwd=ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
     assert proc.stdout is not None
@@ -219,9 +241,20 @@ def test_second_run_in_a_subprocess_exits_non_zero_then_zero_with_skip(running_g
 
 def test_lock_is_free_again_once_the_first_run_ends():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "django", "slow_guarded", "--seconds", "0.5",
-         "--settings", "tests.settings"],
-        cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "django",
+            "slow_guarded",
+            "--seconds",
+            "0.5",
+            "--settings",
+            "tests.settings",
+        ],
+        cwd=ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        text=True,
     )
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and out.split() == ["started", "done"]
@@ -240,6 +273,7 @@ def test_lock_key_template_over_options(holders):
 
 def test_a_bad_lock_key_template_fails_when_the_class_is_defined():
     with pytest.raises(ValueError, match="nope"):
+
         class Command(LockedCommand):
             lock_key = "x:{nope}"
 
@@ -247,12 +281,15 @@ def test_a_bad_lock_key_template_fails_when_the_class_is_defined():
                 return None
 
 
-@pytest.mark.parametrize("args, message", [
-    (("release",), "needs the NAME"),
-    (("list", "x"), "does not take NAME"),
-    (("list", "--token", "3"), "does not take --token"),
-    (("release", "x", "--match", "a*"), "does not take --match"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("release",), "needs the NAME"),
+        (("list", "x"), "does not take NAME"),
+        (("list", "--token", "3"), "does not take --token"),
+        (("release", "x", "--match", "a*"), "does not take --match"),
+    ],
+)
 def test_misplaced_arguments_are_usage_errors(args, message):
     with pytest.raises(CommandError, match=message) as excinfo:
         run("redislock", *args)

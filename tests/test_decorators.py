@@ -40,6 +40,7 @@ def test_template_with_item_and_attribute_access():
 
 def test_unknown_template_field_fails_at_decoration_time():
     with pytest.raises(ValueError, match="invoice"):
+
         @distributed_lock("invoice:{invoice}")
         def pay(invoice_id):
             pass
@@ -47,6 +48,7 @@ def test_unknown_template_field_fails_at_decoration_time():
 
 def test_positional_template_field_fails_at_decoration_time():
     with pytest.raises(ValueError):
+
         @distributed_lock("x:{0}")
         def f(a):
             pass
@@ -174,6 +176,7 @@ def test_lock_is_released_when_the_function_raises():
 
 def test_coroutine_functions_are_refused():
     with pytest.raises(TypeError):
+
         @distributed_lock("x")
         async def f():
             pass

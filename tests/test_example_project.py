@@ -190,8 +190,12 @@ def test_demo_single_flight_admin_and_clean_shutdown(demo_factory: DemoFactory) 
     browser.submit("", "enqueue/invoice/", {"invoice_id": "42"})
 
     # The lock shows on the admin Locks page while the job is queued or running.
-    wait_for(lambda: "report:7" in browser.get(locks_link.group(1)), 10, 0.2,
-             what="report:7 in the admin")
+    wait_for(
+        lambda: "report:7" in browser.get(locks_link.group(1)),
+        10,
+        0.2,
+        what="report:7 in the admin",
+    )
 
     # The guarded management command, run twice at once: the second refuses (exit status 1).
     command_env = {

@@ -43,6 +43,7 @@ def lock_key(name: str) -> str:
 
 # -- construction -----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", [None, 1, b"bytes", ["x"]])
 def test_non_str_name_is_a_type_error(name):
     with pytest.raises(TypeError):
@@ -71,6 +72,7 @@ def test_name_is_kept_as_given():
 
 
 # -- acquire / release --------------------------------------------------------------------------
+
 
 def test_acquire_and_release():
     lock = Lock("basic", timeout=5)
@@ -164,6 +166,7 @@ def test_waiters_acquire_in_arrival_order():
     order: list[int] = []
     threads = []
     for i in range(3):
+
         def wait(i: int = i) -> None:
             lock = Lock("fifo", timeout=30)
             assert lock.acquire(blocking_timeout=20)
@@ -237,6 +240,7 @@ def test_release_after_force_release_raises():
 
 # -- renew ---------------------------------------------------------------------------------------
 
+
 def test_renew_resets_the_ttl(redis_client):
     lock = Lock("renew", timeout=2, auto_renew=False)
     lock.acquire()
@@ -252,6 +256,7 @@ def test_renew_when_not_held_raises():
 
 
 # -- re-entrancy -----------------------------------------------------------------------------------
+
 
 def test_same_thread_nests_and_counts_holds():
     lock = Lock("nest", timeout=5)
@@ -320,6 +325,7 @@ def test_release_all_holds():
 
 # -- fencing tokens --------------------------------------------------------------------------------
 
+
 def test_tokens_strictly_increase_across_releases_expiries_and_force_releases():
     tokens = []
     lock = Lock("fence", timeout=0.2, auto_renew=False)
@@ -342,8 +348,10 @@ def test_fencing_token_is_none_before_acquisition():
 
 # -- context manager and loss ----------------------------------------------------------------------
 
+
 def test_context_manager_raises_when_busy():
     with Lock("cm", timeout=5):
+
         def enter() -> str:
             with pytest.raises(LockNotAcquiredError), Lock("cm", blocking=False):
                 pass
@@ -415,6 +423,7 @@ def test_interrupted_wait_leaves_the_queue(redis_client):
 
 
 # -- namespaces and backends -----------------------------------------------------------------------
+
 
 def test_cache_key_prefixes_isolate_sites(redis_client):
     with Lock("shared-name", timeout=5, using="default"):

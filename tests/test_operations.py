@@ -41,8 +41,7 @@ def test_list_locks_match_is_a_glob_on_the_name():
 def test_list_locks_pages_through_many_locks(redis_client):
     pipe = redis_client.pipeline()
     for i in range(1200):
-        pipe.set(f"redislock:lock:{{bulk:{i}}}",
-                 '{"o":"x","n":1,"t":1,"at":0,"m":{}}', px=60000)
+        pipe.set(f"redislock:lock:{{bulk:{i}}}", '{"o":"x","n":1,"t":1,"at":0,"m":{}}', px=60000)
     pipe.execute()
     assert len({i.name for i in list_locks(match="bulk:*")}) == 1200
 

@@ -18,8 +18,19 @@ def test_read_modify_write_across_processes_is_exact_and_never_overlaps(tmp_path
     counter.write_text("0")
     log = tmp_path / "holds.jsonl"
     procs = [
-        subprocess.Popen([sys.executable, "-m", "tests.rmw_worker", "rmw", str(counter),
-                          str(ITERATIONS), str(log)], cwd=ROOT, env=subprocess_env())
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.rmw_worker",
+                "rmw",
+                str(counter),
+                str(ITERATIONS),
+                str(log),
+            ],
+            cwd=ROOT,
+            env=subprocess_env(),
+        )
         for _ in range(PROCESSES)
     ]
     for p in procs:

@@ -15,8 +15,14 @@ from django_redislock import signals as sig
 def events():
     received: list[tuple[str, dict]] = []
     receivers = {}
-    for name in ("lock_acquired", "lock_acquire_failed", "lock_released", "lock_lost",
-                 "lock_force_released"):
+    for name in (
+        "lock_acquired",
+        "lock_acquire_failed",
+        "lock_released",
+        "lock_lost",
+        "lock_force_released",
+    ):
+
         def receiver(sender, _name=name, **kwargs):
             kwargs.pop("signal", None)
             received.append((_name, kwargs))

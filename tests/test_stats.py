@@ -168,9 +168,13 @@ def test_background_thread_flushes_without_being_asked(monkeypatch):
 
 
 def test_figures_are_kept_while_redis_is_unreachable(caplog):
-    down = {"default": {"BACKEND": "django_redis.cache.RedisCache",
-                        "LOCATION": "redis://127.0.0.1:1/0",
-                        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5}}}
+    down = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5},
+        }
+    }
     stats._on_acquired(None, lock=None, name="kept", waited=0.1, contended=True)
     with override_settings(CACHES=down):
         stats.flush()
@@ -187,8 +191,9 @@ def test_a_process_flushes_its_figures_at_exit():
         "for _ in range(4):\n"
         "    with Lock('from-child'): pass\n"
     )
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), check=True,
-                   timeout=30)
+    subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), check=True, timeout=30
+    )
     s = stats.get_stats("from-child")
     assert s is not None and (s.acquired, s.released) == (4, 4)
 
@@ -234,8 +239,9 @@ def test_prometheus_collector_exports_the_same_figures():
     register_collector(registry)
     assert registry.get_sample_value("redislock_acquisitions_total", {"name": "exported"}) == 2
     assert registry.get_sample_value("redislock_releases_total", {"name": "exported"}) == 2
-    assert registry.get_sample_value("redislock_failed_acquisitions_total",
-                                     {"name": "exported"}) == 0
+    assert (
+        registry.get_sample_value("redislock_failed_acquisitions_total", {"name": "exported"}) == 0
+    )
     assert registry.get_sample_value("redislock_hold_seconds_max", {"name": "exported"}) >= 0
     text = generate_latest(registry).decode()
     assert 'redislock_acquisitions_total{name="exported"} 2.0' in text

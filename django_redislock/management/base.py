@@ -76,7 +76,8 @@ class LockedCommand(BaseCommand):
     @staticmethod
     def _add_lock_arguments(parser: ArgumentParser) -> None:
         parser.add_argument(
-            "--skip-if-locked", action="store_true",
+            "--skip-if-locked",
+            action="store_true",
             help="Exit with status 0 instead of 1 when another run holds the lock.",
         )
 

@@ -44,13 +44,39 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "tests.testapp.celery_app", "worker",
-                 "-P", "prefork", "-c", "2", "--without-mingle", "--without-gossip",
-                 "-Q", self.queue, "-n", self.name, "--loglevel", "INFO"],
-                cwd=ROOT, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        wait_for(lambda: self.proc.poll() is not None
-                 or app.control.ping(destination=[self.name], timeout=0.3), 30)
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "tests.testapp.celery_app",
+                    "worker",
+                    "-P",
+                    "prefork",
+                    "-c",
+                    "2",
+                    "--without-mingle",
+                    "--without-gossip",
+                    "-Q",
+                    self.queue,
+                    "-n",
+                    self.name,
+                    "--loglevel",
+                    "INFO",
+                ],
+                cwd=ROOT,
+                env=subprocess_env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        wait_for(
+            lambda: (
+                self.proc.poll() is not None
+                or app.control.ping(destination=[self.name], timeout=0.3)
+            ),
+            30,
+        )
         assert self.proc.poll() is None, self.output()
         return self
 
@@ -86,8 +112,13 @@ def started(key: str) -> dict:
 
 def test_worker_start_up_leaves_other_workers_live_locks_alone(worker):
     # db 0 was flushed before this test: take the "other worker's" lock again, then restart.
-    other = Lock("work:live", owner="task-of-another-worker", task_id="task-of-another-worker",
-                 timeout=60, auto_renew=False)
+    other = Lock(
+        "work:live",
+        owner="task-of-another-worker",
+        task_id="task-of-another-worker",
+        timeout=60,
+        auto_renew=False,
+    )
     assert other.acquire(blocking=False)
     second = WorkerProcess("crash").start()
     try:

@@ -19,11 +19,14 @@ SOCKET_TIMEOUT = 1.0
 def fault_caches(server) -> dict:
     from django.conf import settings
 
-    return {**settings.CACHES, "fault": {
-        "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": f"{server.url}/0",
-        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": SOCKET_TIMEOUT, "SOCKET_TIMEOUT": SOCKET_TIMEOUT},
-    }}
+    return {
+        **settings.CACHES,
+        "fault": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"{server.url}/0",
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": SOCKET_TIMEOUT, "SOCKET_TIMEOUT": SOCKET_TIMEOUT},
+        },
+    }
 
 
 @pytest.fixture

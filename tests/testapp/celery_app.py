@@ -45,6 +45,7 @@ if _beat_interval:
     def _show_deduplicated_ticks(**kwargs: object) -> None:
         # After Django/Celery configured logging (which resets child logger levels).
         logging.getLogger("django_redislock.celery").setLevel(logging.INFO)
+
     app.conf.beat_schedule = {
         "tick": {"task": "tests.testapp.tasks.beat_tick", "schedule": float(_beat_interval)},
     }

@@ -41,8 +41,9 @@ def events(kind: str | None = None) -> list[dict[str, Any]]:
 
 
 def _emit(event: str, **data: Any) -> None:
-    observer().rpush("events", json.dumps({"event": event, "pid": os.getpid(), "at": time.time(),
-                                           **data}))
+    observer().rpush(
+        "events", json.dumps({"event": event, "pid": os.getpid(), "at": time.time(), **data})
+    )
 
 
 @contextmanager
@@ -52,8 +53,14 @@ def observed(task: Any, key: str) -> Iterator[None]:
     info = get_lock_info(key)
     if client.incr(f"active:{key}") > 1:
         client.rpush("overlaps", key)
-    _emit("start", key=key, task_id=task.request.id, retries=task.request.retries,
-          holder=info.task_id if info else None, holds=info.hold_count if info else 0)
+    _emit(
+        "start",
+        key=key,
+        task_id=task.request.id,
+        retries=task.request.retries,
+        holder=info.task_id if info else None,
+        holds=info.hold_count if info else 0,
+    )
     try:
         yield
     finally:
@@ -63,8 +70,9 @@ def observed(task: Any, key: str) -> Iterator[None]:
 
 # -- keys only (never consumed) ----------------------------------------------------------------
 @shared_task(base=SingleFlightTask, lock_timeout=30)
-def unconsumed_keyed(x: int = 1, options: dict[str, Any] | None = None, *rest: Any,
-                     **extra: Any) -> None:
+def unconsumed_keyed(
+    x: int = 1, options: dict[str, Any] | None = None, *rest: Any, **extra: Any
+) -> None:
     """Default key: task name + hash of the bound arguments."""
 
 
@@ -83,8 +91,13 @@ def unconsumed_backlog(x: int) -> None:
     """Queued lease longer than the running lease (a queue that may back up)."""
 
 
-@shared_task(bind=True, base=SingleFlightTask, lock_key="backlog-run:{name}", lock_timeout=1,
-             lock_queue_timeout=300)
+@shared_task(
+    bind=True,
+    base=SingleFlightTask,
+    lock_key="backlog-run:{name}",
+    lock_timeout=1,
+    lock_queue_timeout=300,
+)
 def backlog_run(self: Any, name: str) -> None:
     """Reports the lease it runs under: the running lease, not the queued one."""
     info = get_lock_info(f"backlog-run:{name}")
@@ -96,8 +109,9 @@ def unconsumed_race_raise(x: int) -> None:
     """Same key as unconsumed_race, duplicates raise."""
 
 
-@shared_task(base=SingleFlightTask, lock_key=lambda account, **kw: f"acct:{account['id']}",
-             lock_timeout=30)
+@shared_task(
+    base=SingleFlightTask, lock_key=lambda account, **kw: f"acct:{account['id']}", lock_timeout=30
+)
 def unconsumed_callable_key(account: dict[str, Any], full: bool = False) -> None:
     """Key from a callable."""
 
@@ -112,8 +126,13 @@ def work(self: Any, name: str, seconds: float = 0.0, fail: bool = False) -> str:
     return f"done {name}"
 
 
-@shared_task(bind=True, base=SingleFlightTask, lock_key="work:{name}", lock_timeout=2,
-             lock_on_duplicate="raise")
+@shared_task(
+    bind=True,
+    base=SingleFlightTask,
+    lock_key="work:{name}",
+    lock_timeout=2,
+    lock_on_duplicate="raise",
+)
 def work_raise(self: Any, name: str, seconds: float = 0.0) -> str:
     with observed(self, f"work:{name}"):
         time.sleep(seconds)
@@ -136,10 +155,12 @@ def slow_lease(self: Any, name: str, seconds: float = 0.0) -> str:
     return f"done {name}"
 
 
-@shared_task(bind=True, base=SingleFlightTask, lock_key="retry:{name}", lock_timeout=2,
-             max_retries=5)
-def retrying(self: Any, name: str, failures: int, countdown: float = 0.0,
-             seconds: float = 0.0) -> int:
+@shared_task(
+    bind=True, base=SingleFlightTask, lock_key="retry:{name}", lock_timeout=2, max_retries=5
+)
+def retrying(
+    self: Any, name: str, failures: int, countdown: float = 0.0, seconds: float = 0.0
+) -> int:
     with observed(self, f"retry:{name}"):
         time.sleep(seconds)
     if self.request.retries < failures:

@@ -54,50 +54,79 @@ class Command(BaseCommand):
     def add_arguments(self, parser: ArgumentParser) -> None:
         # One flat parser rather than argparse sub-parsers: Django's own options (--settings,
         # --verbosity ...) must keep working after the subcommand, as in every other command.
-        parser.add_argument("subcommand", choices=SUBCOMMANDS,
-                            help="list: active locks; release: force-release one lock; "
-                                 "stats: acquisition statistics.")
-        parser.add_argument("name", nargs="?", default=None,
-                            help="release: the lock name (exact). stats: a lock name or key "
-                                 "template (default: all).")
-        parser.add_argument("--match", metavar="GLOB", default=None,
-                            help="list: only locks whose name matches this glob (* ? [...]).")
-        parser.add_argument("--json", action="store_true", dest="as_json",
-                            help="list, stats: one JSON object per line instead of text.")
         parser.add_argument(
-            "--token", type=_token, default=None,
+            "subcommand",
+            choices=SUBCOMMANDS,
+            help="list: active locks; release: force-release one lock; "
+            "stats: acquisition statistics.",
+        )
+        parser.add_argument(
+            "name",
+            nargs="?",
+            default=None,
+            help="release: the lock name (exact). stats: a lock name or key "
+            "template (default: all).",
+        )
+        parser.add_argument(
+            "--match",
+            metavar="GLOB",
+            default=None,
+            help="list: only locks whose name matches this glob (* ? [...]).",
+        )
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            dest="as_json",
+            help="list, stats: one JSON object per line instead of text.",
+        )
+        parser.add_argument(
+            "--token",
+            type=_token,
+            default=None,
             help="release: only if the lock still has this fencing token (as shown by list).",
         )
-        parser.add_argument("--using", metavar="ALIAS", default=None,
-                            help="CACHES alias holding the locks (default: REDISLOCK['CACHE']).")
+        parser.add_argument(
+            "--using",
+            metavar="ALIAS",
+            default=None,
+            help="CACHES alias holding the locks (default: REDISLOCK['CACHE']).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         subcommand = options["subcommand"]
-        misplaced = [flag for flag, dest, allowed in (
-            ("NAME", "name", ("release", "stats")),
-            ("--match", "match", ("list",)),
-            ("--token", "token", ("release",)),
-            ("--json", "as_json", ("list", "stats")),
-        ) if options[dest] not in (None, False) and subcommand not in allowed]
+        misplaced = [
+            flag
+            for flag, dest, allowed in (
+                ("NAME", "name", ("release", "stats")),
+                ("--match", "match", ("list",)),
+                ("--token", "token", ("release",)),
+                ("--json", "as_json", ("list", "stats")),
+            )
+            if options[dest] not in (None, False) and subcommand not in allowed
+        ]
         if misplaced:
-            raise CommandError(f"'redislock {subcommand}' does not take {', '.join(misplaced)}.",
-                               returncode=2)
+            raise CommandError(
+                f"'redislock {subcommand}' does not take {', '.join(misplaced)}.", returncode=2
+            )
         if subcommand == "release" and not options["name"]:
-            raise CommandError("'redislock release' needs the NAME of the lock to release.",
-                               returncode=2)
+            raise CommandError(
+                "'redislock release' needs the NAME of the lock to release.", returncode=2
+            )
         try:
             getattr(self, f"handle_{subcommand}")(**options)
         except (LockError, ImproperlyConfigured) as exc:
             raise CommandError(str(exc)) from exc
 
-    def handle_list(self, *, match: str | None, as_json: bool, using: str | None,
-                    **options: Any) -> None:
+    def handle_list(
+        self, *, match: str | None, as_json: bool, using: str | None, **options: Any
+    ) -> None:
         from django_redislock.operations import list_locks
 
         for info in list_locks(match=match, using=using):
             if as_json:
-                self.stdout.write(_dumps({**info.as_dict(),
-                                          "expires_in": round(info.expires_in, 3)}))
+                self.stdout.write(
+                    _dumps({**info.as_dict(), "expires_in": round(info.expires_in, 3)})
+                )
             else:
                 task = f" task={info.task_id}" if info.task_id else ""
                 self.stdout.write(
@@ -106,8 +135,9 @@ class Command(BaseCommand):
                     f"{info.thread}{task}"
                 )
 
-    def handle_release(self, *, name: str, token: int | None, using: str | None,
-                       **options: Any) -> None:
+    def handle_release(
+        self, *, name: str, token: int | None, using: str | None, **options: Any
+    ) -> None:
         from django_redislock.operations import force_release, get_lock_info
 
         before = get_lock_info(name, using=using)
@@ -119,12 +149,16 @@ class Command(BaseCommand):
                 f"not {token} (it changed hands since that token was read)."
             )
         holder = f"{before.host}:{before.pid}:{before.thread}" if before else "unknown holder"
-        logger.warning("django_redislock: lock %r force-released from the command line "
-                       "(was held by %s).", name, holder)
+        logger.warning(
+            "django_redislock: lock %r force-released from the command line (was held by %s).",
+            name,
+            holder,
+        )
         self.stdout.write(f"Released lock {name!r} (was held by {holder}).")
 
-    def handle_stats(self, *, name: str | None, as_json: bool, using: str | None,
-                     **options: Any) -> None:
+    def handle_stats(
+        self, *, name: str | None, as_json: bool, using: str | None, **options: Any
+    ) -> None:
         from django_redislock import stats
 
         stats.flush()
@@ -137,13 +171,24 @@ class Command(BaseCommand):
             rows = sorted(stats.iter_stats(using=using), key=lambda s: s.name)
         for row in rows:
             if as_json:
-                self.stdout.write(_dumps({
-                    "name": row.name, "acquired": row.acquired, "contended": row.contended,
-                    "failed": row.failed, "released": row.released, "lost": row.lost,
-                    "force_released": row.force_released, "success_rate": row.success_rate,
-                    "mean_wait": row.mean_wait, "max_wait": row.wait_max,
-                    "mean_hold": row.mean_hold, "max_hold": row.hold_max,
-                }))
+                self.stdout.write(
+                    _dumps(
+                        {
+                            "name": row.name,
+                            "acquired": row.acquired,
+                            "contended": row.contended,
+                            "failed": row.failed,
+                            "released": row.released,
+                            "lost": row.lost,
+                            "force_released": row.force_released,
+                            "success_rate": row.success_rate,
+                            "mean_wait": row.mean_wait,
+                            "max_wait": row.wait_max,
+                            "mean_hold": row.mean_hold,
+                            "max_hold": row.hold_max,
+                        }
+                    )
+                )
             else:
                 rate = "-" if row.success_rate is None else f"{row.success_rate:.1%}"
                 self.stdout.write(
