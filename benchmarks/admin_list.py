@@ -93,7 +93,8 @@ def main() -> None:
         from django.test.utils import setup_test_environment
         from django.urls import reverse
 
-        from django_redislock.client import get_client, keyspace
+        from django_redislock.connection import get_client
+        from django_redislock.keys import keyspace
 
         setup_test_environment()
         call_command("migrate", verbosity=0)

@@ -403,7 +403,7 @@ def bench_contended(
 # -- 3. watchdog ----------------------------------------------------------------------------------
 def bench_watchdog(conn: Any, count: int, timeout: float, window: float) -> dict[str, Any]:
     from django_redislock import Lock, LockNotOwnedError
-    from django_redislock.client import keyspace
+    from django_redislock.keys import keyspace
 
     locks = [Lock(f"bench:wd:{i}", timeout=timeout) for i in range(count)]
     began = time.perf_counter()

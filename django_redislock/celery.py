@@ -31,14 +31,9 @@ How the key is held, end to end (the README has the long version):
 from __future__ import annotations
 
 import datetime as dt
-import decimal
-import enum
-import hashlib
 import inspect
-import json
 import logging
 import threading
-import uuid as uuid_module
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,13 +48,13 @@ from celery.worker.request import Request
 from django.dispatch import Signal
 
 from django_redislock import signals as lock_signals
-from django_redislock.decorators import compile_key
 from django_redislock.exceptions import (
     LockBackendError,
     LockNotAcquiredError,
     LockNotOwnedError,
 )
 from django_redislock.lock import Lock
+from django_redislock.naming import argument_digest, compile_key
 from django_redislock.operations import get_lock_info
 
 __all__ = [
@@ -123,61 +118,6 @@ class DuplicateTaskError(LockNotAcquiredError):
 
 
 # -- keys ------------------------------------------------------------------------------------------
-def _canonical(value: Any) -> Any:
-    """A JSON-ready form of ``value`` that is equal for equal arguments, in any process.
-
-    Dicts and sets are ordered, tuples become lists, and the types Celery's JSON serializer
-    round-trips (UUID, Decimal, datetime, date, time) are reduced to their text, so the key computed
-    from the caller's arguments equals the one computed from the decoded message in the worker.
-    """
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return value if value == value else "NaN"
-    if isinstance(value, enum.Enum):
-        return _canonical(value.value)
-    if isinstance(value, uuid_module.UUID):
-        return str(value)
-    if isinstance(value, decimal.Decimal):
-        return str(value.normalize()) if value.is_finite() else str(value)
-    if isinstance(value, dt.datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(dt.timezone.utc)
-        return value.isoformat()
-    if isinstance(value, (dt.date, dt.time)):
-        return value.isoformat()
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return {"__bytes__": bytes(value).hex()}
-    if isinstance(value, Mapping):
-        items = [
-            (k if isinstance(k, str) else _dumps(_canonical(k)), _canonical(v))
-            for k, v in value.items()
-        ]
-        return {k: v for k, v in sorted(items, key=lambda kv: kv[0])}
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return sorted((_canonical(v) for v in value), key=_dumps)
-    raise TypeError(
-        f"Cannot derive a stable lock key from an argument of type {type(value).__name__}: pass "
-        "lock_key= (a template or a callable) to SingleFlightTask."
-    )
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=True
-    )
-
-
-def argument_digest(arguments: Mapping[str, Any]) -> str:
-    """Stable hex digest of bound arguments (name -> value); order of keys never matters."""
-    data = _dumps(_canonical(dict(arguments))).encode("utf-8")
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
-
-
 def _call_view(run: Callable[..., Any], bound: bool) -> Callable[..., Any]:
     """A stand-in for ``run`` whose signature is the task's call signature (no ``self``)."""
     signature = inspect.signature(run)

@@ -1,42 +1,93 @@
-"""System checks: configuration mistakes surface in ``manage.py check``, not at the first lock."""
+"""System checks: configuration mistakes surface in ``manage.py check``, not at the first lock.
+
+Settings checks run on every ``manage.py`` call and never touch the network. The eviction-policy
+check asks the server, so it is tagged ``deploy`` (``manage.py check --deploy``).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning, register
-from django.utils.module_loading import import_string
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from django_redislock.conf import DEFAULTS, validate_settings
+from django_redislock.connection import backend_kind, configured_socket_timeout
 
-__all__ = ["check_settings"]
+__all__ = ["check_eviction_policy", "check_settings", "register_checks"]
 
-_REDIS_BACKENDS = ("django_redis.cache.RedisCache", "django.core.cache.backends.redis.RedisCache")
-
-
-def _is_redis_backend(path: str) -> bool:
-    try:
-        backend = import_string(path)
-    except ImportError:
-        return False
-    for candidate in _REDIS_BACKENDS:
-        try:
-            if issubclass(backend, import_string(candidate)):
-                return True
-        except ImportError:
-            continue
-    return False
-
-
-def _has_socket_timeout(config: dict[str, Any]) -> bool:
-    options = config.get("OPTIONS") or {}
-    return any(options.get(k) for k in ("SOCKET_TIMEOUT", "socket_timeout"))
+#: OPTIONS keys of Django's RedisCache that hold timeouts, as django-redis spells them.
+_UPPER_TIMEOUTS = ("SOCKET_TIMEOUT", "SOCKET_CONNECT_TIMEOUT")
+_LOWER_TIMEOUTS = ("socket_timeout", "socket_connect_timeout")
 
 
 def register_checks() -> None:
     """Called from ``AppConfig.ready``; registering twice is harmless (checks are a set)."""
-    register(check_settings)
+    register(check_settings, Tags.caches)
+    register(check_eviction_policy, Tags.caches, deploy=True)
+
+
+def _lock_alias() -> str | None:
+    raw = getattr(settings, "REDISLOCK", None) or {}
+    alias = raw.get("CACHE", DEFAULTS["CACHE"]) if isinstance(raw, dict) else None
+    return alias if isinstance(alias, str) and alias else None
+
+
+def _backend_messages(alias: str, config: dict[str, Any]) -> list[CheckMessage]:
+    """Spelling and timeout checks that know each backend's own OPTIONS spelling."""
+    kind = backend_kind(config.get("BACKEND"))
+    options = config.get("OPTIONS") or {}
+    if kind is None:
+        return [
+            Error(
+                f"CACHES[{alias!r}] uses {config.get('BACKEND')!r}, which is not Redis-backed.",
+                hint="Use django_redis.cache.RedisCache or "
+                "django.core.cache.backends.redis.RedisCache for the lock cache.",
+                id="django_redislock.E009",
+            )
+        ]
+    if kind == "builtin":
+        upper = sorted(k for k in options if isinstance(k, str) and k != k.lower())
+        if upper:
+            return [
+                Error(
+                    f"CACHES[{alias!r}] (Django's RedisCache) has OPTIONS {', '.join(upper)}: "
+                    "Django passes OPTIONS to redis-py as keyword arguments, so the first "
+                    "cache or lock call would fail with a TypeError.",
+                    hint="Spell them as redis-py does, in lower case: "
+                    "OPTIONS = {'socket_connect_timeout': 2, 'socket_timeout': 5}.",
+                    id="django_redislock.E010",
+                )
+            ]
+    messages: list[CheckMessage] = []
+    if kind == "django-redis":
+        lower = sorted(k for k in _LOWER_TIMEOUTS if k in options)
+        if lower:
+            messages.append(
+                Warning(
+                    f"CACHES[{alias!r}] (django-redis) has OPTIONS {', '.join(lower)}, which "
+                    "django-redis ignores.",
+                    hint="django-redis spells them in upper case: OPTIONS = "
+                    "{'SOCKET_CONNECT_TIMEOUT': 2, 'SOCKET_TIMEOUT': 5}.",
+                    id="django_redislock.W002",
+                )
+            )
+    if configured_socket_timeout(config) is None:
+        spelling = (
+            "OPTIONS = {'SOCKET_CONNECT_TIMEOUT': 2, 'SOCKET_TIMEOUT': 5} (django-redis)"
+            if kind == "django-redis"
+            else "OPTIONS = {'socket_connect_timeout': 2, 'socket_timeout': 5} (Django's "
+            "RedisCache)"
+        )
+        messages.append(
+            Warning(
+                f"CACHES[{alias!r}] sets no socket timeout and this redis-py applies none: if "
+                "Redis hangs, lock calls hang with it.",
+                hint=f"Set {spelling}.",
+                id="django_redislock.W001",
+            )
+        )
+    return messages
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
@@ -46,10 +97,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         Error(message, hint=hint or None, id=f"django_redislock.{ident}")
         for ident, message, hint in validate_settings(raw)
     ]
-    if not isinstance(raw, dict):
-        return messages
-    alias = raw.get("CACHE", DEFAULTS["CACHE"])
-    if not isinstance(alias, str) or not alias:
+    alias = _lock_alias()
+    if alias is None:
         return messages
     caches = getattr(settings, "CACHES", {})
     if alias not in caches:
@@ -62,24 +111,35 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         )
         return messages
-    backend = str(caches[alias].get("BACKEND", ""))
-    if not _is_redis_backend(backend):
-        messages.append(
-            Error(
-                f"CACHES[{alias!r}] uses {backend!r}, which is not Redis-backed.",
-                hint="Use django_redis.cache.RedisCache or "
-                "django.core.cache.backends.redis.RedisCache for the lock cache.",
-                id="django_redislock.E009",
-            )
+    return messages + _backend_messages(alias, caches[alias])
+
+
+def check_eviction_policy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Warn unless the lock server's ``maxmemory-policy`` is ``noeviction``.
+
+    Every lock key has a TTL, so any ``allkeys-*`` *or* ``volatile-*`` policy may evict a held
+    lock under memory pressure, and a second owner then acquires it. Read through ``INFO memory``
+    (works where ``CONFIG`` is renamed or disabled); a server that cannot be asked is skipped.
+    """
+    if check_settings():
+        return []
+    from django_redislock.client import eviction_policy
+    from django_redislock.connection import get_client
+
+    alias = _lock_alias()
+    try:
+        policy = eviction_policy(get_client(alias))
+    except Exception:  # unreachable or INFO refused: nothing to say about the policy
+        return []
+    if policy is None or policy == "noeviction":
+        return []
+    return [
+        Warning(
+            f"The Redis server of CACHES[{alias!r}] has maxmemory-policy {policy!r}: under "
+            "memory pressure it may evict a held lock (every lock key has a TTL), and a second "
+            "owner would then acquire it.",
+            hint="Use maxmemory-policy noeviction on the lock server, or a dedicated Redis "
+            "for locks.",
+            id="django_redislock.W003",
         )
-    elif not _has_socket_timeout(caches[alias]):
-        messages.append(
-            Warning(
-                f"CACHES[{alias!r}] sets no socket timeout: "
-                "if Redis hangs, lock calls hang with it.",
-                hint="Set OPTIONS SOCKET_TIMEOUT (django-redis) or socket_timeout (Django's "
-                "RedisCache), e.g. 5 seconds.",
-                id="django_redislock.W001",
-            )
-        )
-    return messages
+    ]

@@ -15,7 +15,21 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-__all__ = ["DEFAULTS", "LockSettings", "get_settings", "validate_settings"]
+__all__ = [
+    "DEFAULTS",
+    "MAX_SECONDS",
+    "MIN_LEASE",
+    "LockSettings",
+    "check_seconds",
+    "get_settings",
+    "validate_settings",
+]
+
+#: Shortest lease: Redis expires keys with millisecond resolution.
+MIN_LEASE = 0.001
+#: Longest lease or wait (about 31.7 years): Redis accepts it as a ``PX`` value, the watchdog and
+#: ``threading`` accept it as a wait, and milliseconds stay exact in Lua's doubles.
+MAX_SECONDS = 1e9
 
 DEFAULTS: Mapping[str, Any] = {
     "CACHE": "default",
@@ -39,6 +53,40 @@ class LockSettings:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _seconds_problem(value: object, *, minimum: float) -> tuple[type[Exception], str] | None:
+    """Why ``value`` is not a number of seconds in ``[minimum, MAX_SECONDS]``, or ``None``."""
+    if not _is_number(value):
+        return TypeError, f"must be a number of seconds (int or float), not {type(value).__name__}"
+    number = float(value)  # type: ignore[arg-type]
+    if number != number or number in (float("inf"), float("-inf")):
+        return ValueError, f"must be a finite number of seconds, not {value!r}"
+    if not minimum <= number <= MAX_SECONDS:
+        return ValueError, f"must be between {minimum:g} and {MAX_SECONDS:g} seconds, not {value!r}"
+    return None
+
+
+def check_seconds(
+    value: object, what: str, *, minimum: float = 0.0, allow_none: bool = False
+) -> float | None:
+    """Validate a duration argument once, where it is given (``Lock(...)``, decorator, task).
+
+    ``None`` passes through when ``allow_none`` (it means "the settings default" or "for ever");
+    ``bool``, strings and other types raise ``TypeError``; NaN, infinities and values outside
+    ``[minimum, MAX_SECONDS]`` raise ``ValueError`` naming the allowed range. Nothing invalid ever
+    reaches Redis (which would answer "invalid expire time") or the watchdog.
+    """
+    if value is None:
+        if allow_none:
+            return None
+        raise TypeError(f"{what} must be a number of seconds, not None")
+    problem = _seconds_problem(value, minimum=minimum)
+    if problem is not None:
+        error, message = problem
+        hint = " (use None to wait for ever)" if "blocking" in what else ""
+        raise error(f"{what} {message}{hint}")
+    return float(value)  # type: ignore[arg-type]
 
 
 def validate_settings(raw: object) -> list[tuple[str, str, str]]:
@@ -85,20 +133,23 @@ def validate_settings(raw: object) -> list[tuple[str, str, str]]:
             )
         )
     timeout = raw.get("TIMEOUT", DEFAULTS["TIMEOUT"])
-    if not _is_number(timeout) or timeout <= 0:
+    problem = _seconds_problem(timeout, minimum=MIN_LEASE)
+    if problem is not None:
         problems.append(
             (
                 "E006",
-                f"REDISLOCK['TIMEOUT'] must be a positive number of seconds, not {timeout!r}.",
+                f"REDISLOCK['TIMEOUT'] {problem[1]}.",
                 "A lease of 10-60 seconds suits most jobs.",
             )
         )
     blocking = raw.get("BLOCKING_TIMEOUT", DEFAULTS["BLOCKING_TIMEOUT"])
-    if blocking is not None and (not _is_number(blocking) or blocking < 0):
+    problem = None if blocking is None else _seconds_problem(blocking, minimum=0.0)
+    if problem is not None:
         problems.append(
             (
                 "E007",
-                f"REDISLOCK['BLOCKING_TIMEOUT'] must be None or a number >= 0, not {blocking!r}.",
+                f"REDISLOCK['BLOCKING_TIMEOUT'] must be None or a number of seconds: it "
+                f"{problem[1]}.",
                 "None waits forever; 0 does not wait.",
             )
         )
@@ -135,6 +186,3 @@ def get_settings() -> LockSettings:
 def _reset(*, setting: str, **kwargs: object) -> None:
     if setting in ("REDISLOCK", "CACHES"):
         get_settings.cache_clear()
-        from django_redislock import client
-
-        client.reset()

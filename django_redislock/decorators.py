@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import string
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, cast
 
@@ -14,79 +13,19 @@ from django.core.management.base import BaseCommand, CommandError
 
 from django_redislock.exceptions import LockNotAcquiredError
 from django_redislock.lock import Lock
+from django_redislock.naming import KeySpec, compile_key
 
-__all__ = ["CommandLockNotAcquiredError", "compile_key", "distributed_lock"]
+__all__ = ["CommandLockNotAcquiredError", "distributed_lock"]
 
 logger = logging.getLogger("django_redislock")
 
 F = TypeVar("F", bound=Callable[..., Any])
-KeySpec = str | Callable[..., str] | None
 OnBusy = Literal["raise", "skip"] | Callable[..., Any]
 
 
 class CommandLockNotAcquiredError(LockNotAcquiredError, CommandError):
     """Busy lock in a management command: a ``CommandError`` (non-zero exit) that is also a
     :class:`LockNotAcquiredError`."""
-
-
-def template_fields(template: str) -> list[str]:
-    """The root names a ``str.format`` template refers to (``"{options[x]}"`` -> ``options``)."""
-    roots = []
-    for _, field, _, _ in string.Formatter().parse(template):
-        if field is None:
-            continue
-        root = field.split(".", 1)[0].split("[", 1)[0]
-        if not root or root.isdigit():
-            raise ValueError(
-                f"Lock key template {template!r} uses a positional field {{{field}}}; name the "
-                "parameter instead, e.g. '{invoice_id}'."
-            )
-        roots.append(root)
-    return roots
-
-
-def compile_key(
-    key: KeySpec, func: Callable[..., Any], *, skip: tuple[str, ...] = ()
-) -> Callable[..., str]:
-    """Turn a key spec into ``name(*args, **kwargs) -> str`` for calls of ``func``.
-
-    Templates are checked *now*: a field naming no parameter of ``func`` raises ``ValueError``
-    at decoration time instead of at the first call in production. ``skip`` lists parameters that
-    templates must not use (e.g. ``self`` of a bound Celery task).
-    """
-    if key is None:
-        fixed = f"{func.__module__}.{func.__qualname__}"
-        return lambda *args, **kwargs: fixed
-    if callable(key):
-        key_func = key
-
-        def from_callable(*args: Any, **kwargs: Any) -> str:
-            name = key_func(*args, **kwargs)
-            if not isinstance(name, str) or not name:
-                raise ValueError(
-                    f"Lock key callable {key_func!r} returned {name!r}, not a non-empty str"
-                )
-            return name
-
-        return from_callable
-    if not isinstance(key, str) or not key:
-        raise TypeError(f"Lock key must be a str template, a callable or None, not {key!r}")
-    signature = inspect.signature(func)
-    params = set(signature.parameters) - set(skip)
-    unknown = [f for f in template_fields(key) if f not in params]
-    if unknown:
-        raise ValueError(
-            f"Lock key template {key!r} names {', '.join(repr(u) for u in unknown)}, which "
-            f"{'is' if len(unknown) == 1 else 'are'} not parameters of "
-            f"{func.__qualname__}{signature}."
-        )
-
-    def from_template(*args: Any, **kwargs: Any) -> str:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return key.format(**bound.arguments)
-
-    return from_template
 
 
 def _busy_handler(on_busy: OnBusy) -> Callable[..., Any] | None:

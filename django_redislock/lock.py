@@ -31,7 +31,7 @@ from types import TracebackType
 from typing import Any
 
 from django_redislock import client as redis_client
-from django_redislock import scripts, signals
+from django_redislock import connection, scripts, signals
 from django_redislock.conf import LockSettings, get_settings
 from django_redislock.exceptions import (
     LockBackendError,
@@ -39,6 +39,7 @@ from django_redislock.exceptions import (
     LockNotAcquiredError,
     LockNotOwnedError,
 )
+from django_redislock.keys import keyspace
 from django_redislock.watchdog import Hold, watchdog
 
 __all__ = ["Lock", "default_owner"]
@@ -181,10 +182,10 @@ class Lock:
         settings = get_settings()
         target = self._target
         if target is None or target.settings is not settings:
-            keys = redis_client.keyspace(self.using)
+            keys = keyspace(self.using)
             target = self._target = _Target(
                 settings=settings,
-                client=redis_client.get_client(self.using),
+                client=connection.get_client(self.using),
                 lock_key=keys.lock(self.name),
                 script_keys=[keys.lock(self.name), keys.fence(self.name), keys.queue(self.name)],
                 wake_prefix=keys.wake_prefix(self.name),
@@ -230,12 +231,12 @@ class Lock:
 
     def locked(self) -> bool:
         target = self._resolve()
-        with redis_client.backend_errors(f"inspect lock {self.name!r}"):
+        with connection.backend_errors(f"inspect lock {self.name!r}"):
             return redis_client.lock_exists(target.client, target.lock_key)
 
     def owned(self) -> bool:
         target = self._resolve()
-        with redis_client.backend_errors(f"inspect lock {self.name!r}"):
+        with connection.backend_errors(f"inspect lock {self.name!r}"):
             record = redis_client.read_lock(target.client, target.lock_key)
         return record is not None and record.owner == self.owner
 
@@ -266,11 +267,11 @@ class Lock:
         key_list = [*target.script_keys, target.wake_prefix + (waiter or "-")]
         entry = ""
         contended = False
-        sock_timeout = redis_client.socket_timeout(client)
+        sock_timeout = connection.socket_timeout(client)
         try:
             while True:
                 entry_lease = self._wait_span(deadline, self.timeout) + _ENTRY_MARGIN
-                with redis_client.backend_errors(f"acquire lock {self.name!r}"):
+                with connection.backend_errors(f"acquire lock {self.name!r}"):
                     state, value, extra = scripts.ACQUIRE(
                         client,
                         key_list,
@@ -297,7 +298,7 @@ class Lock:
                 if sock_timeout is not None:
                     wait = min(wait, sock_timeout - _SOCKET_MARGIN)
                 if wait >= 0.001:
-                    with redis_client.backend_errors(f"wait for lock {self.name!r}"):
+                    with connection.backend_errors(f"wait for lock {self.name!r}"):
                         handed = redis_client.blocking_pop(client, key_list[3], wait)
                     if handed is not None:
                         entry = ""
@@ -322,7 +323,7 @@ class Lock:
         return max(0.0, min(cap, deadline - time.monotonic()))
 
     def _cancel(self, target: _Target, wake_key: str, entry: str) -> int:
-        with redis_client.backend_errors(f"stop waiting for lock {self.name!r}"):
+        with connection.backend_errors(f"stop waiting for lock {self.name!r}"):
             return int(scripts.CANCEL(target.client, [target.script_keys[2], wake_key], [entry]))
 
     def _abandon_wait(self, target: _Target, wake_key: str, entry: str, owner: str) -> None:
@@ -403,7 +404,7 @@ class Lock:
         hold = _holds.get(ident)
         if hold is not None and (all_holds or hold.count <= 1):
             watchdog.unregister(hold)  # before the script: never renew a released lock
-        with redis_client.backend_errors(f"release lock {self.name!r}"):
+        with connection.backend_errors(f"release lock {self.name!r}"):
             left = int(
                 scripts.RELEASE(
                     target.client,
@@ -451,7 +452,7 @@ class Lock:
         """Reset the lease to ``timeout``; :class:`LockNotOwnedError` if no longer held."""
         owner = self.owner
         target = self._resolve()
-        with redis_client.backend_errors(f"renew lock {self.name!r}"):
+        with connection.backend_errors(f"renew lock {self.name!r}"):
             ok = int(scripts.RENEW(target.client, [target.lock_key], [owner, target.lease_ms]))
         hold = self._hold()
         if not ok:

@@ -10,7 +10,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from django_redislock import client as redis_client
-from django_redislock import scripts, signals
+from django_redislock import connection, scripts, signals
+from django_redislock.keys import KeySpace, keyspace
+from django_redislock.records import LockRecord
 
 __all__ = ["LockInfo", "force_release", "get_lock_info", "list_locks", "lock_page"]
 
@@ -29,6 +31,16 @@ class LockInfo:
     hold_count: int
     acquired_at: dt.datetime
     expires_in: float
+    #: ``"lock"`` or ``"semaphore"`` (one ``LockInfo`` per held permit).
+    kind: str = "lock"
+    #: How many holders the name admits at once (1 for a lock).
+    permits: int = 1
+    #: Held for a published Celery task that no worker has started yet: ``host``/``pid``/``thread``
+    #: are the publisher's. Once a worker runs the task they are the worker's.
+    queued: bool = False
+    #: The stored value is not a record this version can read (written by something else, or
+    #: corrupted): the holder fields are empty, and it can still be force-released.
+    unreadable: bool = False
 
     @property
     def held_for(self) -> float:
@@ -48,23 +60,34 @@ class LockInfo:
             "hold_count": self.hold_count,
             "acquired_at": self.acquired_at.isoformat(),
             "expires_in": self.expires_in,
+            "kind": self.kind,
+            "permits": self.permits,
+            "queued": self.queued,
+            "unreadable": self.unreadable,
         }
 
 
-def _info(keys: redis_client.KeySpace, record: redis_client.LockRecord) -> LockInfo:
+def _info(keys: KeySpace, record: LockRecord) -> LockInfo:
     meta = record.meta
     pid = meta.get("pid")
+    try:
+        pid = int(pid) if pid is not None else None
+    except (TypeError, ValueError):
+        pid = None
     return LockInfo(
         name=keys.name_of(record.key),
         owner=record.owner,
         host=str(meta.get("host") or ""),
-        pid=int(pid) if pid is not None else None,
+        pid=pid,
         thread=str(meta.get("thread") or ""),
         task_id=meta.get("task_id") or None,
         fencing_token=record.token,
         hold_count=record.count,
         acquired_at=dt.datetime.fromtimestamp(record.acquired_at_ms / 1000, tz=dt.timezone.utc),
-        expires_in=record.pttl_ms / 1000,
+        # A value without a TTL (pttl -1: only something else writes such values) never expires.
+        expires_in=record.pttl_ms / 1000 if record.pttl_ms >= 0 else float("inf"),
+        queued=bool(meta.get("queued")),
+        unreadable=record.unreadable,
     )
 
 
@@ -76,9 +99,9 @@ def lock_page(
     Two round trips whatever the page size (SCAN, then one pipeline of GET+PTTL). SCAN may
     return a key twice across pages; callers that need uniqueness dedupe by name.
     """
-    client = redis_client.get_client(using)
-    keys = redis_client.keyspace(using)
-    with redis_client.backend_errors("list locks"):
+    client = connection.get_client(using)
+    keys = keyspace(using)
+    with connection.backend_errors("list locks"):
         next_cursor, found = redis_client.scan_keys(
             client, keys.lock_pattern(match), cursor=cursor, count=count
         )
@@ -102,9 +125,9 @@ def list_locks(*, match: str | None = None, using: str | None = None) -> Iterato
 
 def get_lock_info(name: str, *, using: str | None = None) -> LockInfo | None:
     """The active lock called ``name``, or ``None``."""
-    client = redis_client.get_client(using)
-    keys = redis_client.keyspace(using)
-    with redis_client.backend_errors(f"inspect lock {name!r}"):
+    client = connection.get_client(using)
+    keys = keyspace(using)
+    with connection.backend_errors(f"inspect lock {name!r}"):
         record = redis_client.read_lock(client, keys.lock(name))
     return None if record is None else _info(keys, record)
 
@@ -120,9 +143,9 @@ def force_release(name: str, *, token: int | None = None, using: str | None = No
         raise ValueError("name must be a non-empty string")
     if token is not None and (isinstance(token, bool) or not isinstance(token, int)):
         raise TypeError(f"token must be an int or None, not {type(token).__name__}")
-    client = redis_client.get_client(using)
-    keys = redis_client.keyspace(using)
-    with redis_client.backend_errors(f"force-release lock {name!r}"):
+    client = connection.get_client(using)
+    keys = keyspace(using)
+    with connection.backend_errors(f"force-release lock {name!r}"):
         released, current = scripts.FORCE_RELEASE(
             client,
             [keys.lock(name), keys.fence(name), keys.queue(name)],

@@ -291,7 +291,9 @@ def flush() -> None:
 
 
 def _write(alias: str | None, tallies: dict[str, _Tally]) -> None:
-    from django_redislock.client import StatsUpdate, get_client, keyspace, write_stats
+    from django_redislock.client import StatsUpdate, write_stats
+    from django_redislock.connection import get_client
+    from django_redislock.keys import keyspace
 
     space = keyspace(alias)
     updates = [
@@ -388,7 +390,9 @@ def _parse(
 
 
 def _read(alias: str | None, names: list[str]) -> list[LockStats]:
-    from django_redislock.client import backend_errors, get_client, keyspace, read_stats
+    from django_redislock.client import read_stats
+    from django_redislock.connection import backend_errors, get_client
+    from django_redislock.keys import keyspace
 
     if not names:
         return []
@@ -418,7 +422,9 @@ def get_many_stats(names: list[str], using: str | None = None) -> dict[str, Lock
 
 def iter_stats(using: str | None = None, *, batch: int = 200) -> Iterator[LockStats]:
     """Figures of every stats name of the namespace (SCAN, never ``KEYS``), in no fixed order."""
-    from django_redislock.client import backend_errors, escape_glob, get_client, keyspace, scan_keys
+    from django_redislock.client import scan_keys
+    from django_redislock.connection import backend_errors, get_client
+    from django_redislock.keys import escape_glob, keyspace
 
     space = keyspace(using)
     head = space.stats("")

@@ -6,12 +6,13 @@ import subprocess
 import sys
 
 import pytest
+import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from django_redislock import Lock
-from django_redislock.checks import check_settings
+from django_redislock.checks import check_eviction_policy, check_settings
 from tests.conftest import ROOT, subprocess_env
 
 
@@ -44,13 +45,116 @@ def test_bad_setting_is_an_error(settings, value, expected):
     assert expected in ids(check_settings())
 
 
-def test_missing_socket_timeout_is_a_warning(settings):
-    settings.CACHES = {
-        **settings.CACHES,
-        "bare": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:1/0"},
-    }
-    settings.REDISLOCK = {"CACHE": "bare"}
+REDIS_PY_DEFAULT_TIMEOUT = int(redis.__version__.split(".")[0]) >= 8
+
+
+def with_cache(settings, **config):
+    settings.CACHES = {**settings.CACHES, "extra": {"LOCATION": "redis://127.0.0.1:1/0", **config}}
+    settings.REDISLOCK = {"CACHE": "extra"}
+
+
+@pytest.mark.parametrize(
+    "backend",
+    ["django_redis.cache.RedisCache", "django.core.cache.backends.redis.RedisCache"],
+)
+def test_no_socket_timeout_warns_only_where_redis_py_applies_none(settings, backend):
+    """redis-py 8 gives every connection a 5 s socket timeout; older versions give none."""
+    with_cache(settings, BACKEND=backend)
+    expected = [] if REDIS_PY_DEFAULT_TIMEOUT else ["django_redislock.W001"]
+    assert ids(check_settings()) == expected
+
+
+def test_no_socket_timeout_in_the_pool_kwargs_warns(settings):
+    with_cache(
+        settings,
+        BACKEND="django_redis.cache.RedisCache",
+        OPTIONS={"CONNECTION_POOL_KWARGS": {"socket_timeout": None}},
+    )
     assert ids(check_settings()) == ["django_redislock.W001"]
+
+
+def test_builtin_cache_with_django_redis_spelling_is_an_error(settings):
+    """Django's RedisCache passes OPTIONS to redis-py: upper case keys crash at first use."""
+    with_cache(
+        settings,
+        BACKEND="django.core.cache.backends.redis.RedisCache",
+        OPTIONS={"SOCKET_CONNECT_TIMEOUT": 2, "SOCKET_TIMEOUT": 5},
+    )
+    messages = check_settings()
+    assert ids(messages) == ["django_redislock.E010"]
+    assert "socket_timeout" in messages[0].hint
+
+
+def test_builtin_cache_with_redis_py_spelling_passes(settings):
+    with_cache(
+        settings,
+        BACKEND="django.core.cache.backends.redis.RedisCache",
+        OPTIONS={"socket_connect_timeout": 2, "socket_timeout": 5},
+    )
+    assert ids(check_settings()) == []
+
+
+def test_django_redis_with_lower_case_timeouts_warns_they_are_ignored(settings):
+    with_cache(
+        settings,
+        BACKEND="django_redis.cache.RedisCache",
+        OPTIONS={"socket_timeout": 5},
+    )
+    expected = ["django_redislock.W002"]
+    if not REDIS_PY_DEFAULT_TIMEOUT:
+        expected.insert(0, "django_redislock.W001")
+    assert ids(check_settings()) == expected
+
+
+def test_django_redis_with_upper_case_timeouts_passes(settings):
+    with_cache(
+        settings,
+        BACKEND="django_redis.cache.RedisCache",
+        OPTIONS={"SOCKET_CONNECT_TIMEOUT": 2, "SOCKET_TIMEOUT": 5},
+    )
+    assert ids(check_settings()) == []
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-lru", "volatile-ttl", "allkeys-lfu"])
+def test_an_evicting_server_is_a_deploy_warning(redis_factory, settings, policy):
+    server = redis_factory().start()
+    server.client().config_set("maxmemory-policy", policy)
+    with_cache(
+        settings,
+        BACKEND="django_redis.cache.RedisCache",
+        LOCATION=f"{server.url}/0",
+        OPTIONS={"SOCKET_TIMEOUT": 2},
+    )
+    messages = check_eviction_policy()
+    assert ids(messages) == ["django_redislock.W003"]
+    assert policy in messages[0].msg
+
+
+def test_a_noeviction_server_passes_the_deploy_check(settings):
+    assert check_eviction_policy() == []
+
+
+def test_eviction_check_runs_only_with_deploy(redis_factory, settings):
+    server = redis_factory().start()
+    server.client().config_set("maxmemory-policy", "allkeys-lru")
+    with_cache(
+        settings,
+        BACKEND="django_redis.cache.RedisCache",
+        LOCATION=f"{server.url}/0",
+        OPTIONS={"SOCKET_TIMEOUT": 2},
+    )
+    call_command("check")  # no network, no warning: passes
+    with pytest.raises(SystemCheckError, match="W003"):
+        call_command("check", deploy=True, fail_level="WARNING")
+
+
+def test_eviction_check_tolerates_an_unreachable_server(settings):
+    with_cache(
+        settings,
+        BACKEND="django_redis.cache.RedisCache",
+        OPTIONS={"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5},
+    )
+    assert check_eviction_policy() == []
 
 
 def test_call_command_check_fails_on_bad_settings(settings):

@@ -16,7 +16,7 @@ from django_redislock import (
     force_release,
     get_lock_info,
 )
-from django_redislock.client import keyspace
+from django_redislock.keys import keyspace
 
 
 def in_thread(fn, *args):

@@ -13,7 +13,7 @@ import pytest
 from django.test import override_settings
 
 from django_redislock import Lock, LockNotOwnedError, distributed_lock, force_release, stats
-from django_redislock.client import keyspace
+from django_redislock.keys import keyspace
 from tests.conftest import ROOT, subprocess_env
 
 

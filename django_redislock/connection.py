@@ -1,0 +1,197 @@
+"""Where the Redis connection comes from, and how its failures surface.
+
+The connection comes from a ``CACHES`` alias so a project configures Redis once: django-redis
+(through ``get_redis_connection``, so Sentinel and replication setups work) or Django's built-in
+``RedisCache``. This module decides which client a lock uses, what socket timeout that client
+really applies, and turns redis-py errors into :class:`~django_redislock.LockBackendError`. It
+sends no Redis command itself: those are in ``lua/`` and :mod:`django_redislock.client`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from django.core.signals import setting_changed
+from redis import exceptions as redis_errors
+
+from django_redislock.conf import get_settings
+from django_redislock.exceptions import LockBackendError
+
+__all__ = [
+    "backend_errors",
+    "backend_kind",
+    "configured_socket_timeout",
+    "get_client",
+    "reset",
+    "socket_timeout",
+]
+
+DJANGO_REDIS_BACKEND = "django_redis.cache.RedisCache"
+BUILTIN_BACKEND = "django.core.cache.backends.redis.RedisCache"
+
+# redis-py >= 5.1 raises this subclass of ConnectionError when a pool has no connection left.
+_POOL_EXHAUSTED: tuple[type[Exception], ...] = tuple(
+    e for e in (getattr(redis_errors, "MaxConnectionsError", None),) if e is not None
+)
+
+_clients: dict[str, Any] = {}
+_mutex = threading.Lock()
+
+
+def reset() -> None:
+    """Forget cached clients (settings changed)."""
+    with _mutex:
+        _clients.clear()
+
+
+def _on_setting_changed(*, setting: str, **kwargs: object) -> None:
+    if setting in ("REDISLOCK", "CACHES"):
+        reset()
+
+
+setting_changed.connect(_on_setting_changed, dispatch_uid="django_redislock.connection.reset")
+
+
+def backend_kind(backend: object) -> str | None:
+    """``"django-redis"``, ``"builtin"`` or ``None`` (not Redis-backed) for a ``BACKEND`` value.
+
+    The one place that decides "is this cache Redis?", by class (subclasses count), for both the
+    system checks (which see only settings) and :func:`get_client`.
+    """
+    from django.utils.module_loading import import_string
+
+    if not isinstance(backend, str) or not backend:
+        return None
+    try:
+        cls = import_string(backend)
+    except ImportError:
+        return None
+    for kind, path in (("django-redis", DJANGO_REDIS_BACKEND), ("builtin", BUILTIN_BACKEND)):
+        try:
+            base = import_string(path)
+        except ImportError:
+            continue
+        if isinstance(cls, type) and issubclass(cls, base):
+            return kind
+    return None
+
+
+def get_client(using: str | None = None) -> Any:
+    """The redis-py client behind a ``CACHES`` alias (cached per process; pools are fork-safe)."""
+    alias = using or get_settings().cache
+    client = _clients.get(alias)
+    if client is not None:
+        return client
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    config = settings.CACHES.get(alias)
+    if config is None:
+        raise ImproperlyConfigured(
+            f"django_redislock.E001: CACHES has no alias {alias!r} (REDISLOCK['CACHE'] or "
+            f"using=). Defined aliases: {', '.join(settings.CACHES) or 'none'}."
+        )
+    kind = backend_kind(config.get("BACKEND"))
+    if kind is None:
+        raise ImproperlyConfigured(
+            f"django_redislock.E009: CACHES[{alias!r}] uses {config.get('BACKEND')!r}, which is "
+            "not Redis-backed. Use django_redis.cache.RedisCache or "
+            "django.core.cache.backends.redis.RedisCache."
+        )
+    from django.core.cache import caches
+
+    if kind == "builtin":
+        # Django's RedisCache exposes its redis-py client only through this private attribute.
+        client = caches[alias]._cache.get_client(write=True)  # type: ignore[attr-defined]
+    else:
+        from django_redis import get_redis_connection
+
+        client = get_redis_connection(alias, write=True)
+    with _mutex:
+        _clients[alias] = client
+    return client
+
+
+@functools.lru_cache(maxsize=32)
+def _default_socket_timeout(connection_class: type) -> float | None:
+    """The ``socket_timeout`` a connection class uses when none is passed (redis-py 8: 5 s)."""
+    for klass in connection_class.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            param = inspect.signature(init).parameters.get("socket_timeout")
+        except (TypeError, ValueError):
+            continue
+        if param is not None:
+            default = param.default
+            return None if default is inspect.Parameter.empty else default
+    return None
+
+
+def socket_timeout(client: Any) -> float | None:
+    """The read timeout the client's connections really apply, in seconds (``None``: none).
+
+    Not just ``connection_kwargs["socket_timeout"]``: redis-py 8 applies a default of 5 s that
+    does not appear there when the ``CACHES`` entry sets no ``OPTIONS``.
+    """
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        return None
+    kwargs = getattr(pool, "connection_kwargs", {}) or {}
+    if "socket_timeout" in kwargs:
+        value = kwargs["socket_timeout"]
+    else:
+        value = _default_socket_timeout(pool.connection_class)
+    return float(value) if value else None
+
+
+def configured_socket_timeout(config: dict[str, Any]) -> float | None:
+    """The socket timeout a ``CACHES`` entry will give its connections, from settings alone.
+
+    For the system checks, which must not connect. Each backend has its own spelling:
+    django-redis reads ``OPTIONS["SOCKET_TIMEOUT"]`` (or ``CONNECTION_POOL_KWARGS``), Django's
+    ``RedisCache`` passes ``OPTIONS`` to redis-py as keyword arguments (``socket_timeout``).
+    Unset, redis-py's own default applies (5 s since redis-py 8, none before).
+    """
+    from redis.connection import Connection
+
+    options = config.get("OPTIONS") or {}
+    kind = backend_kind(config.get("BACKEND"))
+    if kind == "django-redis":
+        value = options.get("SOCKET_TIMEOUT")
+        pool_kwargs = options.get("CONNECTION_POOL_KWARGS") or {}
+        if not value and "socket_timeout" in pool_kwargs:
+            value = pool_kwargs["socket_timeout"]
+        elif not value:
+            value = _default_socket_timeout(Connection)
+    elif "socket_timeout" in options:
+        value = options["socket_timeout"]
+    else:
+        value = _default_socket_timeout(Connection)
+    return float(value) if isinstance(value, (int, float)) and value else None
+
+
+@contextlib.contextmanager
+def backend_errors(action: str) -> Iterator[None]:
+    """Turn redis-py connection/timeout/server errors into :class:`LockBackendError`."""
+    try:
+        yield
+    except _POOL_EXHAUSTED as exc:
+        raise LockBackendError(
+            f"No Redis connection was free while trying to {action}: the connection pool is "
+            f"exhausted ({exc}). Raise the pool's max_connections (CACHES OPTIONS) or use fewer "
+            "threads; the lock was not taken or changed by this call."
+        ) from exc
+    except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+        raise LockBackendError(
+            f"Redis is unreachable while trying to {action}: {exc}. Check the CACHES LOCATION "
+            "and that the server is up; the lock was not taken or changed by this call."
+        ) from exc
+    except redis_errors.RedisError as exc:
+        raise LockBackendError(f"Redis answered an error while trying to {action}: {exc}") from exc

@@ -1,0 +1,131 @@
+"""The key layout: every Redis key the package writes, built in one place.
+
+Every key of one lock carries the lock name as its Redis Cluster hash tag (``{name}``), so each
+script touches a single slot. Redis takes the hash tag from the first ``{`` to the first ``}``
+after it, so a name containing braces would break the tag: the tag is the name with ``%``, ``{``
+and ``}`` percent-encoded (``a{b}`` -> ``{a%7Bb%7D}``). The encoding is reversible, so listings show
+the name as given, and plain names (the usual case) appear in keys unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any, cast
+
+from django.core.signals import setting_changed
+
+from django_redislock.conf import get_settings
+
+__all__ = ["KeySpace", "escape_glob", "keyspace", "tag_of"]
+
+_GLOB_SPECIALS = "\\*?[]"
+_TAG_ESCAPES = {"%": "%25", "{": "%7B", "}": "%7D"}
+
+
+def escape_glob(text: str) -> str:
+    """Escape Redis glob characters so ``text`` only ever matches itself."""
+    return "".join("\\" + c if c in _GLOB_SPECIALS else c for c in text)
+
+
+def tag_of(name: str) -> str:
+    """The hash tag of a lock name: the name with ``%``, ``{`` and ``}`` percent-encoded."""
+    if "%" not in name and "{" not in name and "}" not in name:
+        return name
+    return "".join(_TAG_ESCAPES.get(c, c) for c in name)
+
+
+_TAG_UNESCAPE = re.compile("%(25|7B|7D)")
+_TAG_UNESCAPES = {"25": "%", "7B": "{", "7D": "}"}
+
+
+def name_of_tag(tag: str) -> str:
+    """Inverse of :func:`tag_of`."""
+    if "%" not in tag:
+        return tag
+    return _TAG_UNESCAPE.sub(lambda m: _TAG_UNESCAPES[m.group(1)], tag)
+
+
+@dataclass(frozen=True)
+class KeySpace:
+    """Key names of one namespace.
+
+    The type segment (``lock``, ``fence`` ...) comes *before* the hash tag so it cannot change the
+    slot; the namespace is validated to contain no braces (check E005).
+    """
+
+    namespace: str
+
+    def lock(self, name: str) -> str:
+        return f"{self.namespace}:lock:{{{tag_of(name)}}}"
+
+    def fence(self, name: str) -> str:
+        return f"{self.namespace}:fence:{{{tag_of(name)}}}"
+
+    def queue(self, name: str) -> str:
+        return f"{self.namespace}:queue:{{{tag_of(name)}}}"
+
+    def wake_prefix(self, name: str) -> str:
+        return f"{self.namespace}:wake:{{{tag_of(name)}}}:"
+
+    def stats(self, stats_name: str) -> str:
+        return f"{self.namespace}:stats:{stats_name}"
+
+    def stats_max(self, stats_name: str) -> str:
+        # Not "<ns>:stats:..." so that a SCAN for stats hashes never meets it.
+        return f"{self.namespace}:stats-max:{stats_name}"
+
+    def lock_pattern(self, match: str | None = None) -> str:
+        """SCAN pattern for lock keys; ``match`` is a glob on the lock *name* only.
+
+        The namespace is escaped, so neither it nor the user's glob can reach keys outside
+        ``<namespace>:lock:{...}``. Braces and ``%`` in the glob are encoded like names are.
+        """
+        glob = "*" if not match else "".join(_TAG_ESCAPES.get(c, c) for c in match)
+        return f"{escape_glob(self.namespace)}:lock:{{{glob}}}"
+
+    def name_of(self, key: str) -> str:
+        """The lock name of a lock key of this namespace (``ValueError`` for any other key)."""
+        head = f"{self.namespace}:lock:{{"
+        if not (key.startswith(head) and key.endswith("}")):
+            raise ValueError(f"{key!r} is not a lock key of namespace {self.namespace!r}")
+        return name_of_tag(key[len(head) : -1])
+
+
+_keyspaces: dict[str, KeySpace] = {}
+_mutex = threading.Lock()
+
+
+def cache_key_prefix(alias: str) -> str:
+    """The ``KEY_PREFIX`` of a ``CACHES`` entry ("" when unset)."""
+    from django.conf import settings
+
+    caches = cast(dict[str, dict[str, Any]], settings.CACHES)
+    config = caches.get(alias) or {}
+    return str(config.get("KEY_PREFIX") or "")
+
+
+def keyspace(using: str | None = None) -> KeySpace:
+    """Keys for an alias: ``<cache KEY_PREFIX>:<REDISLOCK KEY_PREFIX>`` (or the latter alone).
+
+    Two sites sharing one Redis database with different cache prefixes never see each other's
+    locks.
+    """
+    alias = using or get_settings().cache
+    space = _keyspaces.get(alias)
+    if space is None:
+        own = get_settings().key_prefix
+        site = cache_key_prefix(alias)
+        with _mutex:
+            space = _keyspaces[alias] = KeySpace(f"{site}:{own}" if site else own)
+    return space
+
+
+def _reset(*, setting: str, **kwargs: object) -> None:
+    if setting in ("REDISLOCK", "CACHES"):
+        with _mutex:
+            _keyspaces.clear()
+
+
+setting_changed.connect(_reset, dispatch_uid="django_redislock.keys.reset")

@@ -1,0 +1,138 @@
+"""Lock names from function calls: key templates, key callables, stable argument digests.
+
+Shared by :func:`~django_redislock.distributed_lock`, ``LockedCommand`` and the Celery
+``SingleFlightTask``: a template is checked against the function's signature once, when the
+function is decorated (or the task class created), so a typo fails at import time, not at 3 a.m.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import enum
+import hashlib
+import inspect
+import json
+import string
+import uuid as uuid_module
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["KeySpec", "argument_digest", "compile_key", "template_fields"]
+
+KeySpec = str | Callable[..., str] | None
+
+
+def template_fields(template: str) -> list[str]:
+    """The root names a ``str.format`` template refers to (``"{options[x]}"`` -> ``options``)."""
+    roots = []
+    for _, field, _, _ in string.Formatter().parse(template):
+        if field is None:
+            continue
+        root = field.split(".", 1)[0].split("[", 1)[0]
+        if not root or root.isdigit():
+            raise ValueError(
+                f"Lock key template {template!r} uses a positional field {{{field}}}; name the "
+                "parameter instead, e.g. '{invoice_id}'."
+            )
+        roots.append(root)
+    return roots
+
+
+def compile_key(
+    key: KeySpec, func: Callable[..., Any], *, skip: tuple[str, ...] = ()
+) -> Callable[..., str]:
+    """Turn a key spec into ``name(*args, **kwargs) -> str`` for calls of ``func``.
+
+    Templates are checked *now*: a field naming no parameter of ``func`` raises ``ValueError``
+    at decoration time instead of at the first call in production. ``skip`` lists parameters that
+    templates must not use (e.g. ``self`` of a bound Celery task).
+    """
+    if key is None:
+        fixed = f"{func.__module__}.{func.__qualname__}"
+        return lambda *args, **kwargs: fixed
+    if callable(key):
+        key_func = key
+
+        def from_callable(*args: Any, **kwargs: Any) -> str:
+            name = key_func(*args, **kwargs)
+            if not isinstance(name, str) or not name:
+                raise ValueError(
+                    f"Lock key callable {key_func!r} returned {name!r}, not a non-empty str"
+                )
+            return name
+
+        return from_callable
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"Lock key must be a str template, a callable or None, not {key!r}")
+    signature = inspect.signature(func)
+    params = set(signature.parameters) - set(skip)
+    unknown = [f for f in template_fields(key) if f not in params]
+    if unknown:
+        raise ValueError(
+            f"Lock key template {key!r} names {', '.join(repr(u) for u in unknown)}, which "
+            f"{'is' if len(unknown) == 1 else 'are'} not parameters of "
+            f"{func.__qualname__}{signature}."
+        )
+
+    def from_template(*args: Any, **kwargs: Any) -> str:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return key.format(**bound.arguments)
+
+    return from_template
+
+
+def _canonical(value: Any) -> Any:
+    """A JSON-ready form of ``value`` that is equal for equal arguments, in any process.
+
+    Dicts and sets are ordered, tuples become lists, and the types Celery's JSON serializer
+    round-trips (UUID, Decimal, datetime, date, time) are reduced to their text, so the key computed
+    from the caller's arguments equals the one computed from the decoded message in the worker.
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value if value == value else "NaN"
+    if isinstance(value, enum.Enum):
+        return _canonical(value.value)
+    if isinstance(value, uuid_module.UUID):
+        return str(value)
+    if isinstance(value, decimal.Decimal):
+        return str(value.normalize()) if value.is_finite() else str(value)
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(dt.timezone.utc)
+        return value.isoformat()
+    if isinstance(value, (dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"__bytes__": bytes(value).hex()}
+    if isinstance(value, Mapping):
+        items = [
+            (k if isinstance(k, str) else _dumps(_canonical(k)), _canonical(v))
+            for k, v in value.items()
+        ]
+        return {k: v for k, v in sorted(items, key=lambda kv: kv[0])}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_canonical(v) for v in value), key=_dumps)
+    raise TypeError(
+        f"Cannot derive a stable lock key from an argument of type {type(value).__name__}: pass "
+        "lock_key= (a template or a callable) to SingleFlightTask."
+    )
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=True
+    )
+
+
+def argument_digest(arguments: Mapping[str, Any]) -> str:
+    """Stable hex digest of bound arguments (name -> value); order of keys never matters."""
+    data = _dumps(_canonical(dict(arguments))).encode("utf-8")
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
