@@ -60,17 +60,25 @@ _holds: dict[tuple[int, str, str], Hold] = {}
 _holds_lock = threading.Lock()
 _waiter_seq = itertools.count()
 # (thread name, task id) -> metadata JSON; rebuilt only when a thread or task is new.
-_meta_cache: dict[tuple[str, str | None], str] = {}
+_meta_cache: dict[tuple[str, str | None, bool], str] = {}
 
 
-def _meta(task_id: str | None) -> str:
-    ident = (threading.current_thread().name, task_id)
+def _meta(task_id: str | None, queued: bool = False) -> str:
+    ident = (threading.current_thread().name, task_id, queued)
     meta = _meta_cache.get(ident)
     if meta is None:
         if len(_meta_cache) > 1024:
             _meta_cache.clear()
+        fields: dict[str, object] = {
+            "host": _HOST,
+            "pid": _pid,
+            "thread": ident[0],
+            "task_id": task_id,
+        }
+        if queued:
+            fields["queued"] = True
         meta = _meta_cache[ident] = json.dumps(
-            {"host": _HOST, "pid": _pid, "thread": ident[0], "task_id": task_id},
+            fields,
             separators=(",", ":"),
         )
     return meta
@@ -151,6 +159,7 @@ class Lock:
         using: str | None = None,
         owner: str | None = None,
         task_id: str | None = None,
+        queued: bool = False,
     ) -> None:
         if not isinstance(name, str):
             raise TypeError(f"Lock name must be a str, not {type(name).__name__}")
@@ -171,6 +180,7 @@ class Lock:
         self.using = using
         self._owner = owner
         self._task_id = task_id
+        self._queued = queued
         # owner -> the last Hold this object took for that owner (kept after release/loss so
         # ``fencing_token`` and ``lost`` still answer).
         self._last: dict[str, Hold] = {}
@@ -262,7 +272,7 @@ class Lock:
                     f"Lock {self.name!r} is already held by this owner and "
                     "reentrant=False: acquiring it again would deadlock.",
                 )
-        meta = _meta(self._task_id or _current_task_id())
+        meta = _meta(self._task_id or _current_task_id(), self._queued)
         waiter = f"{_process_token}.{next(_waiter_seq)}" if blocking and limit != 0 else ""
         key_list = [*target.script_keys, target.wake_prefix + (waiter or "-")]
         entry = ""

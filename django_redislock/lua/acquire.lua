@@ -31,9 +31,11 @@ if not raw then
 end
 
 if owned_by(raw, owner) then
+  -- Re-entry: the newest acquirer's metadata replaces the old (a Celery worker re-entering the
+  -- hold its publisher took shows itself, not the publisher).
   local rec = cjson.decode(raw)
   local count = rec.n + 1
-  redis.call('SET', KEYS[1], record(owner, count, rec.t, rec.at, meta_of(raw)), 'PX', lease)
+  redis.call('SET', KEYS[1], record(owner, count, rec.t, rec.at, ARGV[3]), 'PX', lease)
   return {1, rec.t, count}
 end
 
