@@ -53,7 +53,7 @@ from django_redislock.exceptions import (
     LockNotAcquiredError,
     LockNotOwnedError,
 )
-from django_redislock.lock import Lock
+from django_redislock.lock import Lock, register_task_id_provider
 from django_redislock.naming import argument_digest, compile_key
 from django_redislock.operations import get_lock_info
 
@@ -213,6 +213,17 @@ lock_signals.lock_lost.connect(
 )
 
 
+def _celery_task_id() -> str | None:
+    """The id of the Celery task this thread runs (for the holder metadata of any lock)."""
+    from celery import current_task
+
+    request = getattr(current_task, "request", None) if current_task else None
+    return getattr(request, "id", None)
+
+
+register_task_id_provider(_celery_task_id)
+
+
 def _delay_seconds(options: Mapping[str, Any]) -> float:
     """How long the message waits before a worker may run it (countdown or eta)."""
     countdown = options.get("countdown")
@@ -323,8 +334,8 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
             using=self.lock_using,
             owner=task_id,
             task_id=task_id,
+            stats_name=self.name,
         )
-        lock.stats_name = self.name
         return lock
 
     @property

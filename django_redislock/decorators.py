@@ -82,8 +82,8 @@ def distributed_lock(
                 blocking=blocking,
                 blocking_timeout=blocking_timeout,
                 using=using,
+                stats_name=stats_name,
             )
-            lock.stats_name = stats_name
             if not lock.acquire():
                 if on_busy == "skip":
                     logger.info(

@@ -22,10 +22,10 @@ import json
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -42,7 +42,7 @@ from django_redislock.exceptions import (
 from django_redislock.keys import keyspace
 from django_redislock.watchdog import Hold, watchdog
 
-__all__ = ["Lock", "default_owner"]
+__all__ = ["Lock", "default_owner", "register_task_id_provider"]
 
 logger = logging.getLogger("django_redislock")
 
@@ -101,13 +101,24 @@ def default_owner() -> str:
     return f"{_process_token}-{threading.get_ident()}"
 
 
+#: Callables that return the id of the task this thread is running (``None`` outside a task);
+#: the Celery integration registers one from ``AppConfig.ready``, so this module knows nothing
+#: of Celery.
+_task_id_providers: list[Callable[[], str | None]] = []
+
+
+def register_task_id_provider(provider: Callable[[], str | None]) -> None:
+    """Let locks taken inside a task record its id (shown by ``list_locks`` and the admin)."""
+    if provider not in _task_id_providers:
+        _task_id_providers.append(provider)
+
+
 def _current_task_id() -> str | None:
-    celery = sys.modules.get("celery")
-    if celery is None:
-        return None
-    task = celery.current_task
-    request = getattr(task, "request", None) if task else None
-    return getattr(request, "id", None)
+    for provider in _task_id_providers:
+        task_id = provider()
+        if task_id:
+            return task_id
+    return None
 
 
 def _on_lost(hold: Hold) -> None:
@@ -160,6 +171,7 @@ class Lock:
         owner: str | None = None,
         task_id: str | None = None,
         queued: bool = False,
+        stats_name: str | None = None,
     ) -> None:
         if not isinstance(name, str):
             raise TypeError(f"Lock name must be a str, not {type(name).__name__}")
@@ -171,7 +183,7 @@ class Lock:
         if timeout == 0:
             raise ValueError("timeout must be positive")
         self.name = name
-        self.stats_name = name
+        self.stats_name = stats_name or name
         self._timeout = timeout
         self._blocking = blocking
         self._blocking_timeout = _check_seconds(blocking_timeout, "blocking_timeout")
