@@ -14,7 +14,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from django.core.signals import setting_changed
 from redis import exceptions as redis_errors
@@ -41,6 +41,22 @@ _POOL_EXHAUSTED: tuple[type[Exception], ...] = tuple(
 
 _clients: dict[str, Any] = {}
 _mutex = threading.Lock()
+
+
+def is_pool_exhausted(exc: BaseException | None) -> bool:
+    """True for the error redis-py raises when its connection pool has no connection left."""
+    if exc is None:
+        return False
+    if _POOL_EXHAUSTED and isinstance(exc, _POOL_EXHAUSTED):
+        return True
+    return isinstance(exc, redis_errors.ConnectionError) and "Too many connections" in str(exc)
+
+
+def is_cluster(client: Any) -> bool:
+    """True for a Redis Cluster client (``PUBLISH`` there counts only one node's subscribers)."""
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster)
 
 
 def reset() -> None:
@@ -90,7 +106,8 @@ def get_client(using: str | None = None) -> Any:
     from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
 
-    config = settings.CACHES.get(alias)
+    caches = cast(dict[str, dict[str, Any]], settings.CACHES)
+    config = caches.get(alias)
     if config is None:
         raise ImproperlyConfigured(
             f"django_redislock.E001: CACHES has no alias {alias!r} (REDISLOCK['CACHE'] or "
@@ -179,16 +196,19 @@ def configured_socket_timeout(config: dict[str, Any]) -> float | None:
 
 @contextlib.contextmanager
 def backend_errors(action: str) -> Iterator[None]:
-    """Turn redis-py connection/timeout/server errors into :class:`LockBackendError`."""
+    """Turn redis-py connection/timeout/server errors into :class:`LockBackendError`.
+
+    The redis-py error stays available as ``__cause__``; messages say what to check next.
+    """
     try:
         yield
-    except _POOL_EXHAUSTED as exc:
-        raise LockBackendError(
-            f"No Redis connection was free while trying to {action}: the connection pool is "
-            f"exhausted ({exc}). Raise the pool's max_connections (CACHES OPTIONS) or use fewer "
-            "threads; the lock was not taken or changed by this call."
-        ) from exc
     except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+        if is_pool_exhausted(exc):
+            raise LockBackendError(
+                f"No Redis connection was free while trying to {action}: the connection pool is "
+                f"exhausted ({exc}). Raise the pool's max_connections (CACHES OPTIONS) or use "
+                "fewer threads; the lock was not taken or changed by this call."
+            ) from exc
         raise LockBackendError(
             f"Redis is unreachable while trying to {action}: {exc}. Check the CACHES LOCATION "
             "and that the server is up; the lock was not taken or changed by this call."

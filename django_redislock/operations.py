@@ -143,14 +143,22 @@ def force_release(name: str, *, token: int | None = None, using: str | None = No
         raise ValueError("name must be a non-empty string")
     if token is not None and (isinstance(token, bool) or not isinstance(token, int)):
         raise TypeError(f"token must be an int or None, not {type(token).__name__}")
-    client = connection.get_client(using)
-    keys = keyspace(using)
+    from django_redislock.engine import CLAIM_WINDOW, target_for
+
+    target = target_for(using)
+    keys = target.keys
     with connection.backend_errors(f"force-release lock {name!r}"):
-        released, current = scripts.FORCE_RELEASE(
-            client,
+        reply = scripts.FORCE_RELEASE(
+            target.client,
             [keys.lock(name), keys.fence(name), keys.queue(name)],
-            ["" if token is None else str(token), keys.wake_prefix(name)],
+            [
+                "" if token is None else str(token),
+                target.channel_prefix,
+                target.trust_publish,
+                int(CLAIM_WINDOW * 1000),
+            ],
         )
+    released, current = reply[0], reply[1]
     signals.lock_force_released.send_robust(
         None, name=name, token=int(current) or None, using=using, released=bool(released)
     )

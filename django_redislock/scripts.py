@@ -1,74 +1,111 @@
-"""The Lua scripts in ``lua/``, loaded once per process and run with ``EVALSHA``.
+"""The Lua scripts in ``lua/``, loaded once per server and run with ``EVALSHA``.
 
 Each script is sent as its source only the first time a server sees it: the SHA1 is computed
 locally, ``EVALSHA`` is tried first, and a ``NOSCRIPT`` reply (Redis restarted, failed over, or
 ``SCRIPT FLUSH``) loads the source and retries once. Steady state is one round trip per call.
+
+The shared functions of ``lua/_library.lua`` are prepended to every script *on its first line*
+(comments stripped, joined with spaces; the script's own first line is a comment), so line
+numbers in Redis error messages are the line numbers of the script's own file, and the errors
+name that file instead of Redis's ``user_script``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
-from redis import Redis
-from redis.client import Pipeline
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
-__all__ = ["ACQUIRE", "CANCEL", "FORCE_RELEASE", "RELEASE", "RENEW", "Script"]
+__all__ = [
+    "ACQUIRE",
+    "CANCEL",
+    "FORCE_RELEASE",
+    "RELEASE",
+    "RENEW",
+    "Script",
+    "run_pipeline",
+]
 
-_PRELUDE = "_record.lua"
+_LIBRARY = "_library.lua"
+_COMMENT = re.compile(r"(^|\s)--.*$")
 
 
 def _read(filename: str) -> str:
     return (resources.files(__package__) / "lua" / filename).read_text(encoding="utf-8")
 
 
+def _one_line(source: str) -> str:
+    """Lua source without comments, on one line (Lua needs no line breaks between statements)."""
+    lines = (_COMMENT.sub("", line).strip() for line in source.splitlines())
+    code = " ".join(line for line in lines if line)
+    if "--" in code or "[[" in code:  # a comment marker inside a string would end the line
+        raise ValueError(f"{_LIBRARY} must not contain '--' or long strings outside comments")
+    return code
+
+
 class Script:
-    """One Lua script from ``lua/``, with the shared helpers of ``_record.lua`` prepended."""
+    """One Lua script from ``lua/``, with the library's functions on its first line."""
 
     def __init__(self, filename: str) -> None:
         self.filename = filename
-        self.source = _read(_PRELUDE) + "\n" + _read(filename)
+        text = _read(filename)
+        if not text.startswith("--"):
+            raise ValueError(f"lua/{filename} must start with its comment header")
+        self.source = _one_line(_read(_LIBRARY)) + " " + text
         self.sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
 
     def __repr__(self) -> str:
         return f"<Script {self.filename} {self.sha[:8]}>"
 
-    def __call__(self, client: Redis, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    def _named(self, exc: ResponseError) -> ResponseError:
+        message = str(exc).replace("user_script", self.filename)
+        return type(exc)(message)
+
+    def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
-            return client.evalsha(self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            client.script_load(self.source)
-            return client.evalsha(self.sha, len(keys), *keys, *args)
+            try:
+                return client.evalsha(self.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                client.script_load(self.source)
+                return client.evalsha(self.sha, len(keys), *keys, *args)
+        except ResponseError as exc:
+            raise self._named(exc) from exc
 
-    def queue(self, pipe: Pipeline, keys: Sequence[str], args: Sequence[Any]) -> None:
-        """Add a call to a pipeline; see :func:`run_pipeline` for the NOSCRIPT retry."""
-        pipe.evalsha(self.sha, len(keys), *keys, *args)
-
-    def load(self, client: Redis) -> None:
-        client.script_load(self.source)
+    async def acall(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """:meth:`__call__` for a ``redis.asyncio`` client."""
+        try:
+            try:
+                return await client.evalsha(self.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                await client.script_load(self.source)
+                return await client.evalsha(self.sha, len(keys), *keys, *args)
+        except ResponseError as exc:
+            raise self._named(exc) from exc
 
 
 def run_pipeline(
-    client: Redis, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    client: Any, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
 ) -> list[Any]:
     """Run many calls of one script in a single round trip.
 
     Results are returned in order; a failed call's result is its exception (never raised here, so
     one bad key cannot hide the others). A ``NOSCRIPT`` answer reloads the script and retries once.
     """
+    results: list[Any] = []
     for attempt in range(2):
         pipe = client.pipeline(transaction=False)
         for keys, args in calls:
-            script.queue(pipe, keys, args)
-        results: list[Any] = pipe.execute(raise_on_error=False)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        results = pipe.execute(raise_on_error=False)
         if attempt == 0 and any(isinstance(r, NoScriptError) for r in results):
-            script.load(client)
+            client.script_load(script.source)
             continue
-        return results
-    raise AssertionError("unreachable")
+        break
+    return results
 
 
 ACQUIRE = Script("acquire.lua")

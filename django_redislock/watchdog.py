@@ -1,10 +1,14 @@
-"""One renewal thread per process for every held lock.
+"""One renewal thread per process for every held lock, of every face.
 
-A held lock with ``auto_renew`` is registered here after it is acquired and unregistered *before* it
-is released, so the watchdog never renews a lock after release or after an interrupted acquire.
+A held lock with ``auto_renew`` is registered here after it is acquired and unregistered *before*
+it is released, so the watchdog never renews a lock after release or after an interrupted acquire.
 Renewals that fall due close together are sent as one pipeline per Redis client (one round trip
-for hundreds of locks). A renewal that finds the lock gone marks the hold as lost, logs a WARNING
-and sends :data:`~django_redislock.signals.lock_lost`.
+for hundreds of locks). Async locks are renewed here too, with the sync client of the same
+server, so a held lock stays renewed while its event loop is busy with CPU-bound work.
+
+A renewal that finds the lock gone marks the hold lost (:func:`django_redislock.holds.mark_lost`:
+``lost`` flag, WARNING, ``lock_lost``). A renewal that fails because Redis is unreachable is
+retried within :data:`RETRY_AFTER` seconds; the lock is declared lost only when Redis says so.
 
 The thread starts lazily on the first registration and is recreated in a forked child (Celery
 prefork, gunicorn), where the parent's holds are not the child's and are forgotten.
@@ -13,50 +17,21 @@ prefork, gunicorn), where the parent's holds are not the child's and are forgott
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-import weakref
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from redis import Redis
 from redis import exceptions as redis_errors
 
-from django_redislock import scripts
+from django_redislock import holds, scripts
+from django_redislock.holds import Hold
 
-if TYPE_CHECKING:
-    from django_redislock.lock import Lock
-
-__all__ = ["Hold", "Watchdog", "watchdog"]
+__all__ = ["RETRY_AFTER", "Watchdog", "watchdog"]
 
 logger = logging.getLogger("django_redislock")
 
 #: A renewal retried after a connection error waits this long (capped by a third of the lease).
 RETRY_AFTER = 1.0
-
-
-@dataclass(eq=False)
-class Hold:
-    """What this process knows about one lock it holds (shared by its owner's ``Lock``s)."""
-
-    client: Redis
-    name: str
-    key: str
-    owner: str
-    lease: float
-    token: int
-    count: int
-    auto_renew: bool
-    acquired_at: float = field(default_factory=time.monotonic)
-    lost: bool = False
-    lock_ref: Callable[[], Lock | None] = field(default=lambda: None)
-    next_renewal: float = 0.0
-    registered: bool = False
-
-    def set_lock(self, lock: Lock) -> None:
-        self.lock_ref = weakref.ref(lock)
 
 
 class Watchdog:
@@ -66,7 +41,6 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._wake_at = float("inf")
         self._idle_wait = 10.0  # shortest renewal interval seen, see _due()
-        self.on_lost: Callable[[Hold], None] = lambda hold: None
 
     def register(self, hold: Hold) -> None:
         interval = hold.lease / 3
@@ -119,15 +93,15 @@ class Watchdog:
                 logger.exception("django_redislock watchdog: unexpected error")
                 time.sleep(RETRY_AFTER)
 
-    def renew_now(self, holds: list[Hold]) -> None:
-        """Renew ``holds`` with one pipeline per client; mark the ones found gone as lost."""
+    def renew_now(self, due: list[Hold]) -> None:
+        """Renew ``due`` with one pipeline per client; mark the ones found gone as lost."""
         by_client: dict[int, list[Hold]] = {}
-        for hold in holds:
+        for hold in due:
             by_client.setdefault(id(hold.client), []).append(hold)
         for group in by_client.values():
-            calls = [([h.key], [h.owner, int(h.lease * 1000)]) for h in group]
+            calls = [(h.renew[2], h.renew[3]) for h in group]
             try:
-                results: list[Any] = scripts.run_pipeline(group[0].client, scripts.RENEW, calls)
+                results: list[Any] = scripts.run_pipeline(group[0].client, group[0].renew[1], calls)
             except redis_errors.RedisError as exc:
                 results = [exc] * len(group)
             now = time.monotonic()
@@ -139,15 +113,7 @@ class Watchdog:
                 elif int(result) == 1:
                     hold.next_renewal = now + hold.lease / 3
                 elif hold.registered:
-                    self.unregister(hold)
-                    hold.lost = True
-                    logger.warning(
-                        "django_redislock: lock %r was lost (expired or force-released) while held "
-                        "by %s; the protected work may now overlap with another holder.",
-                        hold.name,
-                        hold.owner,
-                    )
-                    self.on_lost(hold)
+                    holds.mark_lost(hold)
 
     def _after_fork(self) -> None:
         self._cond = threading.Condition(threading.Lock())
@@ -157,4 +123,5 @@ class Watchdog:
 
 
 watchdog = Watchdog()
-os.register_at_fork(after_in_child=watchdog._after_fork)
+holds.on_fork(watchdog._after_fork)
+holds.on_drop(watchdog.unregister)

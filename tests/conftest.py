@@ -44,14 +44,9 @@ def _forget_holds() -> Iterator[None]:
     lost (and send ``lock_lost``) in the middle of an unrelated test.
     """
     yield
-    from django_redislock import lock as lock_module
-    from django_redislock.watchdog import watchdog
+    from django_redislock import holds
 
-    with lock_module._holds_lock:
-        holds = list(lock_module._holds.values())
-        lock_module._holds.clear()
-    for hold in holds:
-        watchdog.unregister(hold)
+    holds.forget_all()
 
 
 @pytest.fixture

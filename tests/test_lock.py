@@ -147,16 +147,26 @@ def test_waiter_is_woken_by_the_release_not_by_the_lease(redis_client):
 
 
 def test_waiting_does_not_poll(redis_client):
-    """While waiting 1.5 s the waiter sends one acquire attempt and one blocking pop."""
+    """A 1.5 s wait costs a fixed handful of commands, not one per interval.
+
+    The first wait of a process subscribes its wake-up listener (a non-queuing attempt, the
+    SUBSCRIBE, the queued attempt); later waits send just the queued attempt and the cancel at
+    the deadline. The listener's health-check PINGs are one per second of silence, per process.
+    """
     holder = Lock("nopoll", timeout=30)
     holder.acquire()
-    redis_client.config_resetstat()
-    assert in_thread(lambda: Lock("nopoll").acquire(blocking_timeout=1.5)) is False
-    stats = redis_client.info("commandstats")
-    evalsha = stats.get("cmdstat_evalsha", {}).get("calls", 0)
-    blpop = stats.get("cmdstat_blpop", {}).get("calls", 0)
-    assert evalsha <= 2  # the attempt, and the cancel at the deadline
-    assert blpop == 1
+
+    def commands() -> dict[str, int]:
+        stats = redis_client.info("commandstats")
+        return {k[len("cmdstat_") :]: v["calls"] for k, v in stats.items()}
+
+    for attempts in (3, 2):  # the listener may be up already from an earlier test: <= 3
+        redis_client.config_resetstat()
+        assert in_thread(lambda: Lock("nopoll").acquire(blocking_timeout=1.5)) is False
+        calls = commands()
+        assert 2 <= calls.get("evalsha", 0) <= attempts  # (attempt,) attempt, cancel
+        assert calls.get("blpop", 0) == 0  # nothing blocks on a pooled connection
+        assert calls.get("ping", 0) <= 2
     holder.release()
 
 

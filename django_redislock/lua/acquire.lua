@@ -1,56 +1,62 @@
--- acquire.lua: take a free lock, re-enter a lock this owner holds, or queue behind the holder.
+-- acquire.lua: take a free lock, re-enter or claim a lock of this owner, or queue behind the holder.
 --
--- KEYS[1] <ns>:lock:{name}          the lock (JSON record, PX = lease)
--- KEYS[2] <ns>:fence:{name}         fencing-token counter
--- KEYS[3] <ns>:queue:{name}         FIFO of waiter entries
--- KEYS[4] <ns>:wake:{name}:<waiter> this waiter's mailbox (a hand-off pushes its token here)
+-- KEYS[1] <ns>:lock:{name}   the lock (JSON record, PX = lease)
+-- KEYS[2] <ns>:fence:{name}  fencing-token counter
+-- KEYS[3] <ns>:queue:{name}  FIFO of waiter entries
 -- ARGV[1] owner id
 -- ARGV[2] lease, ms
--- ARGV[3] holder metadata, a JSON object
--- ARGV[4] waiter id; "" for a non-blocking attempt (never queued)
+-- ARGV[3] holder metadata, a JSON object (replaces the stored one on re-entry and claim)
+-- ARGV[4] waiter id; "" for an attempt that must not queue (non-blocking)
 -- ARGV[5] how long the queue entry stays valid without a refresh, ms
--- ARGV[6] this waiter's previous queue entry ("" on the first attempt)
--- ARGV[7] client clock, epoch ms (acquired-at of a fresh acquisition)
+-- ARGV[6] this waiter's previous queue entry ("" on its first attempt)
+-- ARGV[7] "1" to refuse re-entry (reentrant=False), else "0"
+-- ARGV[8] wake channel prefix "<ns>:wake:" (channels are not keys: nothing outside the slot)
+-- ARGV[9] "1" when PUBLISH counts every subscriber (single Redis), else "0" (see hand_off)
+-- ARGV[10] claim window of a hand-off, ms
 --
--- Returns {1, token, hold_count} when held, {0, holder_pttl_ms, entry} when busy
--- (entry: this waiter's current queue entry, "" when not queued).
+-- Returns {1, token, hold_count} when held (taken, re-entered, or a hand-off claimed),
+-- {0, holder_pttl_ms, entry} when busy (entry: this waiter's queue entry, "" when not queued),
+-- {2, token, hold_count} when this owner holds it already and re-entry was refused.
 
-local owner, lease, prev = ARGV[1], ARGV[2], ARGV[6]
-if prev ~= '' then
-  -- A release may have handed us the lock after our last wait timed out.
-  local handed = redis.call('LPOP', KEYS[4])
-  if handed then return {1, tonumber(handed), 1} end
+local owner, lease, waiter, prev = ARGV[1], ARGV[2], ARGV[4], ARGV[6]
+local raw = redis.call('GET', KEYS[1])
+if not raw and redis.call('LLEN', KEYS[3]) > 0 then
+  -- Free with waiters queued (the holder's lease ran out, or a hand-off went unclaimed): the
+  -- oldest live waiter gets it, exactly as if it had just been released. That may be us.
+  hand_off(KEYS[1], KEYS[2], KEYS[3], ARGV[8], ARGV[9], ARGV[10])
+  raw = redis.call('GET', KEYS[1])
 end
 
-local raw = redis.call('GET', KEYS[1])
 if not raw then
   local token = next_token(KEYS[2])
-  redis.call('SET', KEYS[1], record(owner, 1, token, tonumber(ARGV[7]), ARGV[3]), 'PX', lease)
+  redis.call('SET', KEYS[1], record(owner, 1, token, server_ms(), nil, ARGV[3]), 'PX', lease)
   if prev ~= '' then redis.call('LREM', KEYS[3], 1, prev) end
   return {1, token, 1}
 end
 
-if owned_by(raw, owner) then
-  -- Re-entry: the newest acquirer's metadata replaces the old (a Celery worker re-entering the
-  -- hold its publisher took shows itself, not the publisher).
-  local rec = cjson.decode(raw)
-  local count = rec.n + 1
-  redis.call('SET', KEYS[1], record(owner, count, rec.t, rec.at, ARGV[3]), 'PX', lease)
-  return {1, rec.t, count}
+local pos = owner_end(raw, owner)
+if pos then
+  local n, t, at = fields_at(raw, pos)
+  if waiter ~= '' and reserved_for(raw, waiter) then
+    redis.call('SET', KEYS[1], record(owner, n, t, at, nil, ARGV[3]), 'PX', lease)
+    return {1, t, n}
+  end
+  if ARGV[7] == '1' then return {2, t, n} end
+  redis.call('SET', KEYS[1], record(owner, n + 1, t, at, nil, ARGV[3]), 'PX', lease)
+  return {1, t, n + 1}
 end
 
 local pttl = redis.call('PTTL', KEYS[1])
-if ARGV[4] == '' then return {0, pttl, ''} end
+if waiter == '' then return {0, pttl, ''} end
 
 local entry_lease = tonumber(ARGV[5])
-local entry = string.format('%d\n%s\n%s\n%s\n%s', server_ms() + entry_lease, lease, ARGV[4],
-  owner, ARGV[3])
-local pos = false
-if prev ~= '' then pos = redis.call('LPOS', KEYS[3], prev) end
-if pos then
-  redis.call('LSET', KEYS[3], pos, entry)
+local entry = string.format('%d\n%s\n%s\n%s', server_ms() + entry_lease, waiter, owner, ARGV[3])
+local at = false
+if prev ~= '' then at = redis.call('LPOS', KEYS[3], prev) end
+if at then
+  redis.call('LSET', KEYS[3], at, entry)
 else
   redis.call('RPUSH', KEYS[3], entry)
 end
-redis.call('PEXPIRE', KEYS[3], entry_lease)
+if redis.call('PTTL', KEYS[3]) < entry_lease then redis.call('PEXPIRE', KEYS[3], entry_lease) end
 return {0, pttl, entry}

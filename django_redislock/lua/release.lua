@@ -6,19 +6,22 @@
 -- KEYS[3] <ns>:queue:{name}
 -- ARGV[1] owner id
 -- ARGV[2] "1" to drop every hold at once, "0" for one
--- ARGV[3] wake-key prefix "<ns>:wake:{name}:" (same hash slot as KEYS[1])
+-- ARGV[3] wake channel prefix "<ns>:wake:"
+-- ARGV[4] "1" when PUBLISH counts every subscriber (single Redis), else "0"
+-- ARGV[5] claim window of a hand-off, ms
 --
 -- Returns -1 when the owner does not hold the lock (nothing is changed), else the hold count left
--- (0: released; a waiter, if any, now holds it).
+-- (0: released; a waiter, if any, now has it reserved).
 
 local raw = redis.call('GET', KEYS[1])
-if not owned_by(raw, ARGV[1]) then return -1 end
+local pos = owner_end(raw, ARGV[1])
+if not pos then return -1 end
 if ARGV[2] ~= '1' then
-  local rec = cjson.decode(raw)
-  if rec.n > 1 then
-    redis.call('SET', KEYS[1], record(ARGV[1], rec.n - 1, rec.t, rec.at, meta_of(raw)), 'KEEPTTL')
-    return rec.n - 1
+  local n, t, at = fields_at(raw, pos)
+  if n > 1 then
+    redis.call('SET', KEYS[1], record(ARGV[1], n - 1, t, at, nil, meta_of(raw)), 'KEEPTTL')
+    return n - 1
   end
 end
-hand_off(KEYS[1], KEYS[2], KEYS[3], ARGV[3])
+hand_off(KEYS[1], KEYS[2], KEYS[3], ARGV[3], ARGV[4], ARGV[5])
 return 0

@@ -1,13 +1,18 @@
--- renew.lua: reset the lease of a lock this owner holds.
+-- renew.lua: reset (or extend) the lease of a lock this owner holds.
 --
 -- KEYS[1] <ns>:lock:{name}
 -- ARGV[1] owner id
--- ARGV[2] lease, ms
+-- ARGV[2] milliseconds
+-- ARGV[3] "set": the lease becomes ARGV[2]; "add": ARGV[2] is added to the remaining lease
 --
 -- Returns 1 when renewed, 0 when the owner no longer holds the lock (expired or force-released).
 
-if owned_by(redis.call('GET', KEYS[1]), ARGV[1]) then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
+local raw = redis.call('GET', KEYS[1])
+if not owner_end(raw, ARGV[1]) then return 0 end
+local ms = tonumber(ARGV[2])
+if ARGV[3] == 'add' then
+  local left = redis.call('PTTL', KEYS[1])
+  if left > 0 then ms = ms + left end
 end
-return 0
+redis.call('PEXPIRE', KEYS[1], ms)
+return 1

@@ -1,0 +1,747 @@
+"""The lock engine shared by every face: where a lock lives, how acquiring proceeds, and what a
+result means — written once, without I/O.
+
+``Lock`` (sync) and ``AsyncLock`` (asyncio) are thin *faces* over :class:`LockBase`: the base
+validates arguments, builds script arguments, keeps the hold table and the watchdog up to date and
+sends the signals; a face only performs the I/O. The multi-step acquisition is a generator
+(:meth:`LockBase._acquire_flow`) that *yields* operations (:class:`Call`, :class:`Wait`,
+:class:`Sleep`, :class:`Subscribe`) and receives their results; :func:`drive` runs it with blocking
+calls, :func:`adrive` with ``await``. So queueing, claiming, deadlines, retries and clean-up on
+interruption exist once, whichever face waits.
+
+How a contended acquisition works (the README has the long version): the acquire script queues the
+waiter in Redis (FIFO) and returns the holder's remaining lease; the waiter sleeps, holding no
+connection, until the release script hands the lock to it (reserved for a short claim window, see
+:data:`CLAIM_WINDOW`) and its process's wake-up listener (:mod:`django_redislock.wakeups`) wakes
+it; it then claims the lock with the acquire script, which sets the full lease. It also re-checks
+when the holder's lease would end, so a lost message costs at most that lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from redis import exceptions as redis_errors
+
+from django_redislock import connection, holds, scripts, signals, wakeups
+from django_redislock.conf import MIN_LEASE, LockSettings, check_seconds, get_settings
+from django_redislock.exceptions import (
+    LockBackendError,
+    LockError,
+    LockLostError,
+    LockNotAcquiredError,
+    LockNotOwnedError,
+)
+from django_redislock.holds import Hold
+from django_redislock.keys import KeySpace, keyspace
+from django_redislock.watchdog import watchdog
+
+__all__ = [
+    "CLAIM_WINDOW",
+    "Call",
+    "LockBase",
+    "Target",
+    "adrive",
+    "drive",
+    "target_for",
+]
+
+logger = logging.getLogger("django_redislock")
+
+#: Seconds a handed-off lock stays reserved for the woken waiter until it claims it (the full
+#: lease starts at the claim). A waiter that died in the queue therefore costs at most this long
+#: — usually nothing: on a single Redis a dead waiter's process no longer listens and is skipped.
+CLAIM_WINDOW = 2.0
+#: Extra validity of a waiter's queue entry beyond its next planned re-check.
+ENTRY_MARGIN = 2.0
+#: Longest name accepted: a longer one is almost surely data, not a name (hash it).
+MAX_NAME_LENGTH = 4096
+#: Seconds a waiter keeps retrying a command that found the connection pool exhausted.
+POOL_RETRY_BUDGET = 10.0
+
+
+def check_name(name: object, what: str = "Lock name") -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"{what} must be a str, not {type(name).__name__}")
+    if not name:
+        raise ValueError(f"{what} must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"{what} is {len(name)} characters long; at most {MAX_NAME_LENGTH} are accepted "
+            "(hash long variable parts into the name)"
+        )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} {name!r} cannot be encoded as UTF-8") from exc
+    return name
+
+
+def check_owner(owner: object) -> str | None:
+    if owner is None:
+        return None
+    if not isinstance(owner, str):
+        raise TypeError(f"owner must be a str or None, not {type(owner).__name__}")
+    if not owner or "\n" in owner or len(owner) > MAX_NAME_LENGTH:
+        raise ValueError("owner must be a non-empty string without newlines")
+    return owner
+
+
+def check_bool(value: object, what: str, *, allow_none: bool = False) -> bool | None:
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, bool):
+        raise TypeError(f"{what} must be True or False, not {value!r}")
+    return value
+
+
+# -- where a lock lives ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """The Redis server of one ``CACHES`` alias as the engine uses it."""
+
+    alias: str
+    settings: LockSettings
+    client: Any
+    keys: KeySpace
+    #: ``<ns>:wake:``; a waiter's process listens on this prefix + its process token.
+    channel_prefix: str
+    #: "1" when ``PUBLISH`` counts every subscriber (a single Redis, not a Cluster).
+    trust_publish: str
+    socket_timeout: float | None
+
+    def listener(self) -> wakeups.Listener:
+        return wakeups.listener_for(self.client, self.channel_prefix, self.socket_timeout)
+
+
+_targets: dict[str, Target] = {}
+_targets_mutex = threading.Lock()
+
+
+def target_for(using: str | None) -> Target:
+    """The :class:`Target` of an alias (``None``: ``REDISLOCK["CACHE"]``), cached per settings."""
+    settings = get_settings()
+    alias = using or settings.cache
+    target = _targets.get(alias)
+    if target is None or target.settings is not settings:
+        client = connection.get_client(alias)
+        keys = keyspace(alias)
+        target = Target(
+            alias=alias,
+            settings=settings,
+            client=client,
+            keys=keys,
+            channel_prefix=f"{keys.namespace}:wake:",
+            trust_publish="0" if connection.is_cluster(client) else "1",
+            socket_timeout=connection.socket_timeout(client),
+        )
+        with _targets_mutex:
+            _targets[alias] = target
+    return target
+
+
+def _forget_targets() -> None:
+    with _targets_mutex:
+        _targets.clear()
+
+
+holds.on_fork(_forget_targets)
+
+
+# -- operations a flow yields ----------------------------------------------------------------------
+
+
+class Op:
+    """Something a flow needs done; the face's driver does it (``sync`` or ``async_``)."""
+
+    def sync(self, face: LockBase) -> Any:
+        raise NotImplementedError
+
+    async def async_(self, face: LockBase) -> Any:
+        raise NotImplementedError
+
+
+@dataclass
+class Call(Op):
+    """Run a script (one round trip)."""
+
+    script: scripts.Script
+    keys: list[str]
+    args: list[Any]
+    action: str
+
+    def sync(self, face: LockBase) -> Any:
+        with connection.backend_errors(self.action):
+            return self.script(face._target().client, self.keys, self.args)
+
+    async def async_(self, face: LockBase) -> Any:
+        with connection.backend_errors(self.action):
+            return await self.script.acall(await face._aclient(), self.keys, self.args)
+
+
+@dataclass
+class Wait(Op):
+    """Sleep until handed the lock or until ``until`` (monotonic), holding no connection."""
+
+    waiter: wakeups.Waiter
+    until: float
+
+    def sync(self, face: LockBase) -> None:
+        self.waiter.wait(self.until)
+
+    async def async_(self, face: LockBase) -> None:
+        await self.waiter.await_(self.until)
+
+
+@dataclass
+class Sleep(Op):
+    seconds: float
+
+    def sync(self, face: LockBase) -> None:
+        time.sleep(self.seconds)
+
+    async def async_(self, face: LockBase) -> None:
+        await asyncio.sleep(self.seconds)
+
+
+@dataclass
+class Subscribe(Op):
+    """Make sure this process listens for hand-offs before it queues (bounded wait)."""
+
+    listener: wakeups.Listener
+    timeout: float
+
+    def sync(self, face: LockBase) -> bool:
+        return self.listener.ensure(self.timeout)
+
+    async def async_(self, face: LockBase) -> bool:
+        return await asyncio.to_thread(self.listener.ensure, self.timeout)
+
+
+Flow = Generator[Op, Any, Any]
+
+
+@dataclass
+class _Stepper:
+    """Advances a flow by one operation's outcome; shared by both drivers."""
+
+    flow: Flow
+    op: Op | None = None
+    value: Any = None
+    done: bool = False
+
+    def step(self, reply: Any = None, error: BaseException | None = None) -> None:
+        try:
+            self.op = self.flow.send(reply) if error is None else self.flow.throw(error)
+        except StopIteration as stop:
+            self.done, self.value = True, stop.value
+
+
+def drive(face: LockBase, flow: Flow) -> Any:
+    """Run a flow with blocking I/O."""
+    stepper = _Stepper(flow)
+    stepper.step()
+    while not stepper.done:
+        assert stepper.op is not None
+        try:
+            reply = stepper.op.sync(face)
+        except BaseException as exc:
+            stepper.step(error=exc)
+        else:
+            stepper.step(reply)
+    return stepper.value
+
+
+async def adrive(face: LockBase, flow: Flow) -> Any:
+    """Run a flow with ``await``: the same steps as :func:`drive`."""
+    stepper = _Stepper(flow)
+    stepper.step()
+    while not stepper.done:
+        assert stepper.op is not None
+        try:
+            reply = await stepper.op.async_(face)
+        except BaseException as exc:
+            stepper.step(error=exc)
+        else:
+            stepper.step(reply)
+    return stepper.value
+
+
+def _transient(exc: LockBackendError) -> str | None:
+    """``"pool"``, ``"connection"`` or ``None`` (a real outage or an error reply)."""
+    cause = exc.__cause__
+    if connection.is_pool_exhausted(cause):
+        return "pool"
+    if isinstance(cause, (redis_errors.ConnectionError, redis_errors.TimeoutError)):
+        return "connection"
+    return None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# -- the shared face -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Spec:
+    """A lock's resolved keys and arguments under one settings object (the hot path builds none)."""
+
+    target: Target
+    lock_key: str
+    script_keys: list[str]  # lock, fence, queue
+    lease: float
+    lease_ms: int
+    claim_ms: int
+    ident: tuple[str, str]  # (alias, lock key); + owner = the hold table key
+
+
+@dataclass
+class _Released:
+    """The outcome of one release, for the face to finish (signals)."""
+
+    hold: Hold | None
+    left: int
+
+
+class LockBase:
+    """Everything about a lock except I/O; see the module docstring."""
+
+    kind: ClassVar[str] = "lock"
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        timeout: float | None = None,
+        blocking: bool = True,
+        blocking_timeout: float | None = None,
+        auto_renew: bool | None = None,
+        reentrant: bool = True,
+        using: str | None = None,
+        owner: str | None = None,
+        task_id: str | None = None,
+        queued: bool = False,
+        stats_name: str | None = None,
+        on_commit: bool | str = False,
+    ) -> None:
+        self.name = check_name(name)
+        self._timeout = check_seconds(timeout, "timeout", minimum=MIN_LEASE, allow_none=True)
+        self._blocking = bool(check_bool(blocking, "blocking"))
+        self._blocking_timeout = check_seconds(
+            blocking_timeout, "blocking_timeout", allow_none=True
+        )
+        self._auto_renew = check_bool(auto_renew, "auto_renew", allow_none=True)
+        self.reentrant = bool(check_bool(reentrant, "reentrant"))
+        if using is not None and (not isinstance(using, str) or not using):
+            raise TypeError(
+                f"using must be a CACHES alias (a non-empty str) or None, not {using!r}"
+            )
+        self.using = using
+        self._owner = check_owner(owner)
+        if task_id is not None and not isinstance(task_id, str):
+            raise TypeError(f"task_id must be a str or None, not {type(task_id).__name__}")
+        self._task_id = task_id
+        self._queued = bool(check_bool(queued, "queued"))
+        self.stats_name = stats_name or name
+        if not isinstance(on_commit, (bool, str)):
+            raise TypeError(f"on_commit must be True, False or a database alias, not {on_commit!r}")
+        self.on_commit = on_commit
+        # owner -> the last Hold this object took for that owner (kept after release or loss so
+        # ``fencing_token`` and ``lost`` still answer).
+        self._last: dict[str, Hold] = {}
+        self._spec_cache: _Spec | None = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} using={self.using or get_settings().cache!r}>"
+
+    # -- resolution ---------------------------------------------------------------------------
+    def _default_owner(self) -> str:
+        return holds.thread_owner()
+
+    def _target(self) -> Target:
+        return self._spec().target
+
+    async def _aclient(self) -> Any:
+        raise NotImplementedError
+
+    def _spec(self) -> _Spec:
+        """Keys and arguments, cached until the settings change (``setting_changed`` replaces
+        the settings object)."""
+        settings = get_settings()
+        spec = self._spec_cache
+        if spec is None or spec.target.settings is not settings:
+            target = target_for(self.using)
+            keys = target.keys
+            lease = self._timeout if self._timeout is not None else settings.timeout
+            lock_key = keys.lock(self.name)
+            spec = self._spec_cache = _Spec(
+                target=target,
+                lock_key=lock_key,
+                script_keys=[lock_key, keys.fence(self.name), keys.queue(self.name)],
+                lease=lease,
+                lease_ms=max(1, int(lease * 1000)),
+                claim_ms=max(1, int(min(CLAIM_WINDOW, lease) * 1000)),
+                ident=(target.alias, lock_key),
+            )
+        return spec
+
+    @property
+    def timeout(self) -> float:
+        return self._timeout if self._timeout is not None else get_settings().timeout
+
+    @property
+    def auto_renew(self) -> bool:
+        return self._auto_renew if self._auto_renew is not None else get_settings().auto_renew
+
+    @property
+    def owner(self) -> str:
+        return self._owner or self._default_owner()
+
+    def _hold(self) -> Hold | None:
+        spec = self._spec()
+        return holds.get((*spec.ident, self.owner))
+
+    # -- state --------------------------------------------------------------------------------
+    @property
+    def hold_count(self) -> int:
+        hold = self._hold()
+        return hold.count if hold is not None else 0
+
+    @property
+    def fencing_token(self) -> int | None:
+        hold = self._hold() or self._last.get(self.owner)
+        return hold.token if hold is not None else None
+
+    @property
+    def lost(self) -> bool:
+        hold = self._last.get(self.owner)
+        return bool(hold and hold.lost)
+
+    # -- acquire ------------------------------------------------------------------------------
+    def _wait_limit(self, blocking_timeout: float | None) -> float | None:
+        limit = check_seconds(blocking_timeout, "blocking_timeout", allow_none=True)
+        if limit is None:
+            limit = self._blocking_timeout
+        if limit is None:
+            limit = get_settings().blocking_timeout
+        return limit
+
+    def _acquire_call(
+        self, spec: _Spec, owner: str, meta: str, waiter: str, entry: str, entry_ms: int
+    ) -> Call:
+        return Call(
+            scripts.ACQUIRE,
+            spec.script_keys,
+            [
+                owner,
+                spec.lease_ms,
+                meta,
+                waiter,
+                entry_ms,
+                entry,
+                "0" if self.reentrant else "1",
+                spec.target.channel_prefix,
+                spec.target.trust_publish,
+                spec.claim_ms,
+            ],
+            f"acquire lock {self.name!r}",
+        )
+
+    def _cancel_call(self, spec: _Spec, owner: str, waiter: str, entry: str, take: bool) -> Call:
+        return Call(
+            scripts.CANCEL,
+            spec.script_keys,
+            [
+                entry,
+                waiter,
+                owner,
+                spec.lease_ms,
+                "1" if take else "0",
+                spec.target.channel_prefix,
+                spec.target.trust_publish,
+                spec.claim_ms,
+            ],
+            f"stop waiting for lock {self.name!r}",
+        )
+
+    def _acquire_flow(self, blocking: bool | None, blocking_timeout: float | None) -> Flow:
+        """Take the lock; ``False`` when not acquired in time. One deadline covers every wait."""
+        blocking = self._blocking if blocking is None else check_bool(blocking, "blocking")
+        limit = self._wait_limit(blocking_timeout)
+        started = time.monotonic()
+        deadline = float("inf") if limit is None else started + limit
+        spec = self._spec()
+        owner = self.owner
+        meta = holds.metadata(self._task_id, queued=self._queued)
+        queue = bool(blocking) and limit != 0
+        waiter = wakeups.Waiter(holds.new_waiter_id(), loop=self._loop()) if queue else None
+        listener = spec.target.listener() if queue else None
+        if waiter is not None:
+            wakeups.register(waiter)  # before reading `ready`: see Listener._run
+        # Queue at the first attempt only when hand-offs can reach us already (subscribed).
+        queued = listener is not None and listener.ready.is_set()
+        entry = ""
+        contended = False
+        reconnected = False
+        pool_budget = POOL_RETRY_BUDGET
+        try:
+            while True:
+                now = time.monotonic()
+                span = min(deadline - now, spec.lease)
+                entry_ms = int((max(span, 0.0) + ENTRY_MARGIN) * 1000)
+                try:
+                    reply = yield self._acquire_call(
+                        spec, owner, meta, waiter.id if waiter and queued else "", entry, entry_ms
+                    )
+                except LockBackendError as exc:
+                    kind = _transient(exc)
+                    if kind == "pool" and pool_budget > 0 and time.monotonic() < deadline:
+                        pause = min(0.05, pool_budget)
+                        pool_budget -= pause
+                        yield Sleep(pause)
+                        continue
+                    if kind == "connection" and (entry or queued) and not reconnected:
+                        # The connection dropped (killed, restarted pool): Redis may well be up.
+                        # Our queue entry is still valid; reconnect once and keep waiting.
+                        reconnected = True
+                        continue
+                    raise
+                reconnected = False
+                state, value, extra = reply
+                if state == 1:
+                    entry = ""
+                    return self._acquired(spec, owner, int(value), int(extra), started, contended)
+                if state == 2:
+                    raise LockNotAcquiredError(
+                        self.name,
+                        f"Lock {self.name!r} is already held by this owner and reentrant=False: "
+                        "acquiring it again would deadlock.",
+                    )
+                contended = True
+                if waiter is None or listener is None:
+                    return self._failed(started)
+                if not queued:
+                    if not (yield Subscribe(listener, _subscribe_timeout(spec.target))):
+                        logger.warning(
+                            "django_redislock: cannot subscribe for wake-ups of %r; waiting "
+                            "with re-checks at the holder's lease end only.",
+                            self.name,
+                        )
+                    queued = True
+                    continue
+                entry = _text(extra)
+                # PTTL -1: a value without expiry (not ours): re-check once per span.
+                holder_left = int(value) / 1000 if int(value) >= 0 else span
+                waiter.handed = False
+                waiter.recheck_at = time.monotonic() + max(0.001, min(holder_left, span))
+                if time.monotonic() < deadline:
+                    yield Wait(waiter, deadline)
+                if not waiter.handed and time.monotonic() >= deadline:
+                    result = yield self._cancel_call(spec, owner, waiter.id, entry, take=True)
+                    entry = ""
+                    if int(result[0]) == 1:
+                        return self._acquired(
+                            spec, owner, int(result[1]), int(result[2]), started, True
+                        )
+                    return self._failed(started)
+        except BaseException:
+            if entry and waiter is not None:
+                # Interrupted while queued: leave the queue, pass on a lock reserved for us.
+                try:
+                    yield self._cancel_call(spec, owner, waiter.id, entry, take=False)
+                except Exception:  # the interruption matters more; the entry expires anyway
+                    logger.warning(
+                        "django_redislock: could not clean up the wait for %r",
+                        self.name,
+                        exc_info=True,
+                    )
+            raise
+        finally:
+            if waiter is not None:
+                wakeups.unregister(waiter)
+
+    def _loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop a waiter sleeps in (``None``: a thread)."""
+        return None
+
+    def _acquired(
+        self, spec: _Spec, owner: str, token: int, count: int, started: float, contended: bool
+    ) -> bool:
+        ident = (*spec.ident, owner)
+        hold = holds.get(ident)
+        if hold is None or hold.lost or count == 1:
+            hold = Hold(
+                ident=ident,
+                name=self.name,
+                owner=owner,
+                token=token,
+                count=count,
+                lease=spec.lease,
+                auto_renew=self.auto_renew,
+                renew=(
+                    spec.target.client,
+                    scripts.RENEW,
+                    [spec.lock_key],
+                    [owner, spec.lease_ms, "set"],
+                ),
+                stats_name=self.stats_name,
+                kind=self.kind,
+                sender=type(self),
+            )
+            hold.set_lock(self)
+            stale = holds.put(hold)
+            if stale is not None:
+                watchdog.unregister(stale)  # its lock expired unnoticed before this acquisition
+            self._last[owner] = hold
+            if hold.auto_renew:
+                watchdog.register(hold)
+            signals.lock_acquired.send_robust(
+                type(self),
+                lock=self,
+                name=self.name,
+                token=token,
+                waited=time.monotonic() - started,
+                contended=contended,
+            )
+        else:
+            hold.count = count
+            if spec.lease > hold.lease:
+                hold.lease = spec.lease
+                hold.renew = (
+                    hold.renew[0],
+                    hold.renew[1],
+                    hold.renew[2],
+                    [owner, spec.lease_ms, "set"],
+                )
+            self._last[owner] = hold
+        return True
+
+    def _failed(self, started: float) -> bool:
+        signals.lock_acquire_failed.send_robust(
+            type(self), lock=self, name=self.name, waited=time.monotonic() - started
+        )
+        return False
+
+    # -- release / renew ----------------------------------------------------------------------
+    def _release_call(self, all_holds: bool) -> tuple[Call, Hold | None]:
+        """The release script call; unregisters the hold from the watchdog *before* it runs
+        (never renew a released lock)."""
+        spec = self._spec()
+        owner = self.owner
+        hold = holds.get((*spec.ident, owner))
+        if hold is not None and (all_holds or hold.count <= 1):
+            watchdog.unregister(hold)
+        call = Call(
+            scripts.RELEASE,
+            spec.script_keys,
+            [
+                owner,
+                "1" if all_holds else "0",
+                spec.target.channel_prefix,
+                spec.target.trust_publish,
+                spec.claim_ms,
+            ],
+            f"release lock {self.name!r}",
+        )
+        return call, hold
+
+    def _released(self, hold: Hold | None, left: int) -> None:
+        if left < 0:
+            if hold is not None:
+                holds.mark_lost(hold)
+                self._last[hold.owner] = hold
+            raise LockNotOwnedError(
+                f"Cannot release lock {self.name!r}: it is not held by this owner "
+                f"({self.owner}). It expired, was force-released, or was never acquired here."
+            )
+        if hold is None:
+            return
+        hold.count = left
+        if left == 0:
+            hold.released = True
+            holds.forget(hold)
+            signals.lock_released.send_robust(
+                type(self), lock=self, name=self.name, held=time.monotonic() - hold.acquired_at
+            )
+
+    def _renew_call(self, ms: int, mode: str) -> Call:
+        spec = self._spec()
+        return Call(
+            scripts.RENEW,
+            [spec.lock_key],
+            [self.owner, ms, mode],
+            f"renew lock {self.name!r}",
+        )
+
+    def _renewed(self, ok: int) -> None:
+        if not ok:
+            hold = self._hold()
+            if hold is not None:
+                holds.mark_lost(hold)
+                self._last[hold.owner] = hold
+            raise LockNotOwnedError(
+                f"Cannot renew lock {self.name!r}: it is no longer held by this owner "
+                f"({self.owner})."
+            )
+
+    def _extend_ms(self, additional_time: float) -> int:
+        seconds = check_seconds(additional_time, "additional_time", minimum=MIN_LEASE)
+        assert seconds is not None
+        return int(seconds * 1000)
+
+    def _detach(self) -> tuple[int, int | None]:
+        hold = self._hold()
+        if hold is None:
+            return 0, self.fencing_token
+        watchdog.unregister(hold)
+        holds.forget(hold)
+        return hold.count, hold.token
+
+    def _owned_from(self, record: Any) -> bool:
+        if record is None:
+            return False
+        if record.unreadable:
+            raise LockError(
+                f"Lock {self.name!r} holds a value that is not a lock record "
+                f"({record.raw_excerpt!r}): written by something else or corrupted. Inspect it "
+                "with `manage.py redislock list` and force-release it if it is stale."
+            )
+        return bool(record.owner == self.owner)
+
+    # -- context manager helpers ----------------------------------------------------------------
+    def _exit_state(self) -> str:
+        """``"lost"``, ``"released"`` (explicitly, inside the block) or ``"held"``."""
+        hold = self._last.get(self.owner)
+        if hold is not None and hold.lost:
+            return "lost"
+        if hold is not None and hold.released and self._hold() is None:
+            return "released"
+        return "held"
+
+    def _lost_on_exit(self, exc: BaseException | None, cause: BaseException | None = None) -> None:
+        message = (
+            f"Lock {self.name!r} was lost (expired or force-released) while the protected "
+            "block ran; its work may have overlapped with another holder."
+        )
+        if exc is not None:
+            # Keep the block's own exception: it says more about what went wrong.
+            logger.warning("django_redislock: %s", message)
+            return
+        raise LockLostError(message) from cause
+
+    def _not_acquired(self) -> LockNotAcquiredError:
+        return LockNotAcquiredError(self.name)
+
+
+def _subscribe_timeout(target: Target) -> float:
+    return (target.socket_timeout or wakeups.DEFAULT_REPLY_TIMEOUT) + 1.0

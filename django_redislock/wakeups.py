@@ -1,0 +1,257 @@
+"""Waking waiters: one subscribed connection per process (and Redis server) for all of them.
+
+A blocked ``acquire`` holds no Redis connection while it waits. It registers a :class:`Waiter`
+here and sleeps on it; the Lua ``hand_off`` publishes ``h <waiter id>`` on the channel of the
+waiter's process (``<namespace>:wake:<process token>``), and this process's :class:`Listener`
+thread — one ``SUBSCRIBE``d connection per Redis client, however many threads or asyncio tasks wait
+— wakes the waiter, which then claims the lock. So a thousand waiting threads need one
+connection, not a thousand (a pool of 10 serves them), and there is no polling.
+
+Channels are not keys, so scripts that publish touch nothing outside their lock's hash slot.
+On a single Redis, ``PUBLISH`` returns how many subscribers heard it: a waiter whose process died
+(its connection closed) is skipped at once instead of being handed the lock. Messages are not
+queued for a disconnected subscriber; when the listener reconnects it makes every local waiter
+re-check, and each waiter also re-checks on its own when the holder's lease would end. A
+periodic ``PING`` finds a connection that went silent (a partition) within
+:data:`HEALTH_INTERVAL` plus the socket timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from typing import Any
+
+from django_redislock import holds
+
+__all__ = ["HEALTH_INTERVAL", "Listener", "Waiter", "listener_for"]
+
+logger = logging.getLogger("django_redislock")
+
+#: Seconds of silence after which the listener pings its connection.
+HEALTH_INTERVAL = 1.0
+#: Seconds to wait for a PONG (or a SUBSCRIBE confirmation) when the client sets no timeout.
+DEFAULT_REPLY_TIMEOUT = 2.0
+#: Seconds the listener stays subscribed after the last waiter of this process is gone.
+IDLE_EXIT = 30.0
+
+
+class Waiter:
+    """One blocked acquisition: woken by a hand-off, a re-check hint, or its own timer.
+
+    Sync waiters sleep on a ``threading.Event``; async waiters on an ``asyncio.Event`` of their
+    loop, set from the listener thread through ``call_soon_threadsafe``.
+    """
+
+    __slots__ = ("_aevent", "_event", "_loop", "handed", "id", "recheck_at")
+
+    def __init__(self, waiter_id: str, *, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.id = waiter_id
+        self.handed = False
+        self.recheck_at = float("inf")
+        self._loop = loop
+        self._event = threading.Event() if loop is None else None
+        self._aevent = asyncio.Event() if loop is not None else None
+
+    def _set(self) -> None:
+        if self._event is not None:
+            self._event.set()
+        elif self._loop is not None and self._aevent is not None:
+            # A closed loop raises RuntimeError: nobody waits there any more.
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._aevent.set)
+
+    def notify(self, *, handed: bool = False, recheck_in: float | None = None) -> None:
+        """Called from the listener thread (fields first, then the event: no lost update)."""
+        if handed:
+            self.handed = True
+        if recheck_in is not None:
+            self.recheck_at = min(self.recheck_at, time.monotonic() + recheck_in)
+        self._set()
+
+    def _timeout(self, until: float) -> float:
+        return max(0.0, min(until, self.recheck_at) - time.monotonic())
+
+    def wait(self, until: float) -> None:
+        """Sleep until handed the lock, or ``min(until, recheck_at)`` (monotonic seconds)."""
+        assert self._event is not None
+        while not self.handed:
+            timeout = self._timeout(until)
+            if timeout <= 0 or not self._event.wait(timeout):
+                return
+            self._event.clear()
+
+    async def await_(self, until: float) -> None:
+        """:meth:`wait` for an asyncio task."""
+        assert self._aevent is not None
+        while not self.handed:
+            timeout = self._timeout(until)
+            if timeout <= 0:
+                return
+            try:
+                await asyncio.wait_for(self._aevent.wait(), timeout)
+            except asyncio.TimeoutError:
+                return
+            self._aevent.clear()
+
+
+_waiters: dict[str, Waiter] = {}
+_waiters_mutex = threading.Lock()
+
+
+def register(waiter: Waiter) -> None:
+    with _waiters_mutex:
+        _waiters[waiter.id] = waiter
+
+
+def unregister(waiter: Waiter) -> None:
+    with _waiters_mutex:
+        _waiters.pop(waiter.id, None)
+
+
+def _dispatch(data: bytes | str) -> None:
+    text = data.decode() if isinstance(data, bytes) else data
+    parts = text.split(" ")
+    waiter = _waiters.get(parts[1]) if len(parts) > 1 else None
+    if waiter is None:
+        return
+    if parts[0] == "h":
+        waiter.notify(handed=True)
+    elif parts[0] == "r" and len(parts) > 2:
+        waiter.notify(recheck_in=int(parts[2]) / 1000)
+
+
+def _wake_all() -> None:
+    """After a reconnect: messages sent meanwhile are lost, so every waiter re-checks now."""
+    with _waiters_mutex:
+        waiters = list(_waiters.values())
+    for waiter in waiters:
+        waiter.notify(recheck_in=0.0)
+
+
+class Listener:
+    """The subscribed connection of this process to one Redis client's server.
+
+    Started by the first waiter that needs it; a daemon thread holding one pooled connection while
+    any waiter of this process exists, and for :data:`IDLE_EXIT` seconds after the last one (then
+    it unsubscribes and ends, so idle processes hold no extra connection). ``ready`` is set while
+    subscribed.
+    """
+
+    def __init__(self, client: Any, channel: str, reply_timeout: float | None) -> None:
+        self.client = client
+        self.channel = channel
+        self.reply_timeout = reply_timeout or DEFAULT_REPLY_TIMEOUT
+        self.ready = threading.Event()
+        self.connections = 0
+        self._thread: threading.Thread | None = None
+        self._mutex = threading.Lock()
+
+    def ensure(self, timeout: float) -> bool:
+        """Start the listener if needed and wait up to ``timeout`` s until it is subscribed."""
+        if not self.ready.is_set():
+            with self._mutex:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name="django-redislock-wakeups", daemon=True
+                    )
+                    self._thread.start()
+        return self.ready.wait(timeout)
+
+    def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            lost = False
+            try:
+                self._listen()
+            except Exception as exc:  # connection lost or refused: reconnect while needed
+                lost = True
+                if _waiters:
+                    logger.warning(
+                        "django_redislock: wake-up connection lost (%s); reconnecting.", exc
+                    )
+            with self._mutex:
+                # Clear first, then look: a waiter registers before it reads `ready`, so it
+                # either sees it cleared (and calls ensure()) or is seen here.
+                self.ready.clear()
+                if not _waiters:
+                    self._thread = None
+                    return
+            if lost:
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+
+    def _listen(self) -> None:
+        pubsub = self.client.pubsub()
+        try:
+            pubsub.subscribe(self.channel)
+            self._await_reply(pubsub, "subscribe")
+            self.connections += 1
+            self.ready.set()
+            if self.connections > 1:
+                _wake_all()
+            last_heard = idle_since = time.monotonic()
+            pinged = False
+            while True:
+                message = pubsub.get_message(timeout=HEALTH_INTERVAL)
+                now = time.monotonic()
+                if _waiters:
+                    idle_since = now
+                elif now - idle_since > IDLE_EXIT:
+                    return
+                if message is not None:
+                    last_heard, pinged = now, False
+                    if message.get("type") == "message":
+                        _dispatch(message["data"])
+                    continue
+                silent = now - last_heard
+                if pinged and silent > HEALTH_INTERVAL + self.reply_timeout:
+                    raise TimeoutError(f"no reply to PING for {silent:.1f} s")
+                if not pinged and silent >= HEALTH_INTERVAL:
+                    pubsub.ping()
+                    pinged = True
+        finally:
+            # Closing a broken connection may fail too; it is gone anyway.
+            with contextlib.suppress(Exception):
+                pubsub.reset()
+
+    def _await_reply(self, pubsub: Any, kind: str) -> None:
+        deadline = time.monotonic() + self.reply_timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no {kind} confirmation within {self.reply_timeout:g} s")
+            message = pubsub.get_message(timeout=remaining)
+            if message is not None and message.get("type") == kind:
+                return
+
+
+_listeners: dict[tuple[int, str], Listener] = {}
+_listeners_mutex = threading.Lock()
+
+
+def listener_for(client: Any, prefix: str, reply_timeout: float | None) -> Listener:
+    """The listener of this process for ``client`` and channel prefix ``<ns>:wake:``."""
+    key = (id(client), prefix)
+    listener = _listeners.get(key)
+    if listener is None:
+        with _listeners_mutex:
+            listener = _listeners.get(key)
+            if listener is None:
+                channel = prefix + holds.process_token()
+                listener = _listeners[key] = Listener(client, channel, reply_timeout)
+    return listener
+
+
+def _after_fork() -> None:
+    global _waiters_mutex, _listeners_mutex
+    _waiters.clear()
+    _listeners.clear()
+    _waiters_mutex = threading.Lock()
+    _listeners_mutex = threading.Lock()
+
+
+holds.on_fork(_after_fork)
