@@ -106,8 +106,8 @@ def get_client(using: str | None = None) -> Any:
     from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
 
-    caches = cast(dict[str, dict[str, Any]], settings.CACHES)
-    config = caches.get(alias)
+    configs = cast(dict[str, dict[str, Any]], settings.CACHES)
+    config = configs.get(alias)
     if config is None:
         raise ImproperlyConfigured(
             f"django_redislock.E001: CACHES has no alias {alias!r} (REDISLOCK['CACHE'] or "
