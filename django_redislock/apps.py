@@ -11,6 +11,9 @@ class RedisLockConfig(AppConfig):
 
     def ready(self) -> None:
         from django_redislock import checks, stats
+        from django_redislock.decorators import register_busy_error
+        from django_redislock.management import command_busy_error
 
         checks.register_checks()
         stats.connect_receivers()
+        register_busy_error(command_busy_error)

@@ -1,5 +1,8 @@
-"""``@distributed_lock``: run a function (or a management command) under a lock named from its
-arguments."""
+"""``@distributed_lock``: run a function under a lock named from its arguments.
+
+The key template is compiled and every option validated when the function is decorated, so a
+typo or a hostile value fails at import time, not at the first call in production.
+"""
 
 from __future__ import annotations
 
@@ -9,30 +12,46 @@ import logging
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, cast
 
-from django.core.management.base import BaseCommand, CommandError
-
+from django_redislock.conf import MIN_LEASE, check_seconds
+from django_redislock.engine import check_bool
 from django_redislock.exceptions import LockNotAcquiredError
 from django_redislock.lock import Lock
 from django_redislock.naming import KeySpec, compile_key
 
-__all__ = ["CommandLockNotAcquiredError", "distributed_lock"]
+__all__ = ["distributed_lock", "register_busy_error"]
 
 logger = logging.getLogger("django_redislock")
 
 F = TypeVar("F", bound=Callable[..., Any])
 OnBusy = Literal["raise", "skip"] | Callable[..., Any]
+BusyError = Callable[[tuple[Any, ...], str], LockNotAcquiredError | None]
+
+#: Factories asked, in order, for the error a busy ``on_busy="raise"`` call raises; the first
+#: non-``None`` answer wins (the management integration registers one for commands).
+_busy_errors: list[BusyError] = []
 
 
-class CommandLockNotAcquiredError(LockNotAcquiredError, CommandError):
-    """Busy lock in a management command: a ``CommandError`` (non-zero exit) that is also a
-    :class:`LockNotAcquiredError`."""
+def register_busy_error(factory: BusyError) -> None:
+    """Let an integration choose the error for a busy lock (called with the call's args)."""
+    if factory not in _busy_errors:
+        _busy_errors.append(factory)
+
+
+def _busy_error(args: tuple[Any, ...], name: str) -> LockNotAcquiredError:
+    for factory in _busy_errors:
+        error = factory(args, name)
+        if error is not None:
+            return error
+    return LockNotAcquiredError(name)
 
 
 def _busy_handler(on_busy: OnBusy) -> Callable[..., Any] | None:
-    if on_busy in ("raise", "skip"):
-        return None
-    if not callable(on_busy):
+    if isinstance(on_busy, str):
+        if on_busy in ("raise", "skip"):
+            return None
         raise ValueError(f"on_busy must be 'raise', 'skip' or a callable, not {on_busy!r}")
+    if not callable(on_busy):
+        raise TypeError(f"on_busy must be 'raise', 'skip' or a callable, not {on_busy!r}")
     try:
         takes_nothing = not inspect.signature(on_busy).parameters
     except (TypeError, ValueError):
@@ -50,6 +69,7 @@ def distributed_lock(
     blocking_timeout: float | None = None,
     on_busy: OnBusy = "raise",
     using: str | None = None,
+    on_commit: bool | str = False,
 ) -> Callable[[F], F]:
     """Run the decorated function only while holding the lock named by ``key``.
 
@@ -59,8 +79,25 @@ def distributed_lock(
     management command's ``handle``), ``"skip"`` returns ``None`` without calling the function,
     and a callable's return value is returned instead (it receives the same arguments, unless it
     takes none).
+
+    Waiting: with ``on_busy="raise"`` a busy lock is waited for (``blocking_timeout``, else
+    ``REDISLOCK["BLOCKING_TIMEOUT"]``). With ``"skip"`` or a callable — "skip if already running"
+    — the decorator does not wait unless ``blocking_timeout`` is given.
     """
     handler = _busy_handler(on_busy)
+    check_seconds(timeout, "timeout", minimum=MIN_LEASE, allow_none=True)
+    check_seconds(blocking_timeout, "blocking_timeout", allow_none=True)
+    check_bool(blocking, "blocking")
+    if on_busy != "raise" and blocking_timeout is None:
+        blocking = False
+    options: dict[str, Any] = {
+        "timeout": timeout,
+        "blocking": blocking,
+        "blocking_timeout": blocking_timeout,
+        "using": using,
+        "on_commit": on_commit,
+    }
+    Lock("options-check", **options)  # validates using/on_commit now, without touching Redis
 
     def decorate(func: F) -> F:
         if inspect.iscoroutinefunction(func):
@@ -76,14 +113,7 @@ def distributed_lock(
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            lock = Lock(
-                name_of(*args, **kwargs),
-                timeout=timeout,
-                blocking=blocking,
-                blocking_timeout=blocking_timeout,
-                using=using,
-                stats_name=stats_name,
-            )
+            lock = Lock(name_of(*args, **kwargs), stats_name=stats_name, **options)
             if not lock.acquire():
                 if on_busy == "skip":
                     logger.info(
@@ -94,13 +124,7 @@ def distributed_lock(
                     return None
                 if handler is not None:
                     return handler(*args, **kwargs)
-                if args and isinstance(args[0], BaseCommand):
-                    raise CommandLockNotAcquiredError(
-                        lock.name,
-                        f"Lock {lock.name!r} is held by someone else: another run "
-                        "of this command is already running.",
-                    )
-                raise LockNotAcquiredError(lock.name)
+                raise _busy_error(args, lock.name)
             with _Held(lock):
                 return func(*args, **kwargs)
 

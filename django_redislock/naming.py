@@ -26,9 +26,14 @@ KeySpec = str | Callable[..., str] | None
 def template_fields(template: str) -> list[str]:
     """The root names a ``str.format`` template refers to (``"{options[x]}"`` -> ``options``)."""
     roots = []
-    for _, field, _, _ in string.Formatter().parse(template):
+    for _, field, _, conversion in string.Formatter().parse(template):
         if field is None:
             continue
+        if conversion not in (None, "r", "s", "a"):
+            raise ValueError(
+                f"Lock key template {template!r} uses the conversion !{conversion}; only !r, !s "
+                "and !a exist."
+            )
         root = field.split(".", 1)[0].split("[", 1)[0]
         if not root or root.isdigit():
             raise ValueError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -68,12 +69,19 @@ STATIC_URL = "/static/"
 
 _TIMEOUTS = {"SOCKET_CONNECT_TIMEOUT": 2, "SOCKET_TIMEOUT": 5}
 
+#: The lock cache as users configure it. REDISLOCK_TEST_CACHE picks the flavour the whole suite
+#: runs with (CI runs each): "options" (django-redis with timeouts, the default), "bare"
+#: (django-redis without OPTIONS: redis-py's own defaults) or "builtin" (Django's RedisCache,
+#: without OPTIONS).
+_FLAVOURS: dict[str, dict[str, Any]] = {
+    "options": {"BACKEND": "django_redis.cache.RedisCache", "OPTIONS": dict(_TIMEOUTS)},
+    "bare": {"BACKEND": "django_redis.cache.RedisCache"},
+    "builtin": {"BACKEND": "django.core.cache.backends.redis.RedisCache"},
+}
+CACHE_FLAVOUR = os.environ.get("REDISLOCK_TEST_CACHE", "options")
+
 CACHES = {
-    "default": {
-        "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": f"{REDIS_URL}/0",
-        "OPTIONS": dict(_TIMEOUTS),
-    },
+    "default": {**_FLAVOURS[CACHE_FLAVOUR], "LOCATION": f"{REDIS_URL}/0"},
     # Same database, another site: its locks must be invisible to "default".
     "site2": {
         "BACKEND": "django_redis.cache.RedisCache",
@@ -87,6 +95,18 @@ CACHES = {
         "LOCATION": f"{REDIS_URL}/0",
         "KEY_PREFIX": "builtin",
         "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 5},
+    },
+    # What a new user writes: no OPTIONS at all (redis-py's defaults apply).
+    "bare": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": f"{REDIS_URL}/0"},
+    "bare-builtin": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": f"{REDIS_URL}/0",
+    },
+    # A small connection pool, for many threads of one process.
+    "small-pool": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": f"{REDIS_URL}/0",
+        "OPTIONS": {**_TIMEOUTS, "CONNECTION_POOL_KWARGS": {"max_connections": 10}},
     },
     "locmem": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
 }

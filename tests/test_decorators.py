@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 from django.core.management.base import BaseCommand, CommandError
@@ -120,6 +121,47 @@ def test_on_busy_skip_returns_none_and_logs(busy, caplog):
         assert f() is None
     assert calls == []
     assert "skipped" in caplog.text
+
+
+@pytest.mark.parametrize("on_busy", ["skip", lambda: "busy"])
+def test_skip_does_not_wait_unless_told_to(busy, on_busy):
+    """`@distributed_lock("job", on_busy="skip")` means "skip if already running": no wait."""
+    busy("skip-now")
+    calls = []
+
+    @distributed_lock("skip-now", on_busy=on_busy)
+    def f():
+        calls.append(1)
+
+    started = time.monotonic()
+    f()
+    assert time.monotonic() - started < 0.5 and calls == []
+
+
+def test_skip_waits_when_given_a_blocking_timeout(busy):
+    busy("skip-later")
+
+    @distributed_lock("skip-later", on_busy="skip", blocking_timeout=0.4)
+    def f():
+        return 1
+
+    started = time.monotonic()
+    assert f() is None
+    assert 0.35 < time.monotonic() - started < 2.0
+
+
+def test_raise_still_waits_by_default(settings, busy):
+    settings.REDISLOCK = {"BLOCKING_TIMEOUT": 0.3}
+    busy("raise-waits")
+
+    @distributed_lock("raise-waits")
+    def f():
+        return 1
+
+    started = time.monotonic()
+    with pytest.raises(LockNotAcquiredError):
+        f()
+    assert time.monotonic() - started >= 0.25
 
 
 def test_on_busy_callable_result_is_returned(busy):

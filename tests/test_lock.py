@@ -7,16 +7,21 @@ import threading
 import time
 
 import pytest
+import redis
+from django.conf import settings
 
 from django_redislock import (
     Lock,
+    LockError,
     LockLostError,
     LockNotAcquiredError,
     LockNotOwnedError,
     force_release,
     get_lock_info,
+    list_locks,
 )
 from django_redislock.keys import keyspace
+from tests.conftest import wait_for
 
 
 def in_thread(fn, *args):
@@ -166,7 +171,8 @@ def test_waiting_does_not_poll(redis_client):
         calls = commands()
         assert 2 <= calls.get("evalsha", 0) <= attempts  # (attempt,) attempt, cancel
         assert calls.get("blpop", 0) == 0  # nothing blocks on a pooled connection
-        assert calls.get("ping", 0) <= 2
+        listeners = len(redis_client.client_list(_type="pubsub"))  # one per client, each PINGs
+        assert calls.get("ping", 0) <= 2 * listeners  # once per second of silence
     holder.release()
 
 
@@ -469,3 +475,130 @@ def test_tokens_keep_increasing_when_the_counter_expires(redis_client):
     lock.acquire()
     assert lock.fencing_token > first
     lock.release()
+
+
+# -- regressions: behaviour outside the happy path ----------------------------------------------
+
+
+def test_an_explicit_release_inside_the_block_ends_it_cleanly():
+    with Lock("explicit", timeout=5) as lock:
+        lock.release()
+        assert not lock.locked()
+    assert not lock.lost
+
+
+def test_a_nested_explicit_release_leaves_the_outer_hold():
+    with Lock("explicit-nested", timeout=5) as lock:
+        lock.acquire()
+        lock.release()
+        assert lock.hold_count == 1 and lock.owned()
+    assert not lock.locked()
+
+
+def test_non_reentrant_lock_whose_lease_ran_out_can_be_taken_again(redis_client):
+    """reentrant=False, no renewal, expired unnoticed: Redis holds nothing, so acquire works."""
+    lock = Lock("expired-nonreentrant", timeout=0.2, auto_renew=False, reentrant=False)
+    assert lock.acquire(blocking=False)
+    wait_for(lambda: not redis_client.exists(lock_key("expired-nonreentrant")), what="expiry")
+    assert lock.acquire(blocking=False)
+    assert lock.owned() and lock.hold_count == 1
+    lock.release()
+
+
+def test_non_reentrant_lock_still_refuses_a_second_hold():
+    lock = Lock("still-held-nonreentrant", timeout=5, reentrant=False)
+    lock.acquire()
+    with pytest.raises(LockNotAcquiredError, match="reentrant=False"):
+        lock.acquire(blocking=False)
+    assert lock.hold_count == 1
+    lock.release()
+
+
+@pytest.mark.parametrize("value", [b"\xff\xfe\x00garbage", b"not json", b'{"o": 1}', b"[]"])
+def test_a_corrupt_record_is_a_lock_error_not_a_decoding_error(redis_client, value):
+    redis_client.set(lock_key("corrupt"), value, px=5000)
+    lock = Lock("corrupt", timeout=5)
+    with pytest.raises(LockError, match="not a lock record"):
+        lock.owned()
+    assert lock.locked()
+    assert lock.acquire(blocking=False) is False  # held by something unknown: busy
+    assert get_lock_info("corrupt").unreadable
+    assert [i.unreadable for i in list_locks(match="corrupt")] == [True]
+    assert force_release("corrupt") is True
+    assert lock.acquire(blocking=False) is True
+    lock.release()
+
+
+def test_extend_adds_to_the_remaining_lease(redis_client):
+    lock = Lock("extend", timeout=10, auto_renew=False)
+    lock.acquire()
+    lock.extend(20)
+    assert 29_000 < redis_client.pttl(lock_key("extend")) <= 30_000
+    lock.renew()
+    assert 9_000 < redis_client.pttl(lock_key("extend")) <= 10_000
+    lock.release()
+    with pytest.raises(LockNotOwnedError):
+        lock.extend(5)
+
+
+@pytest.mark.parametrize("value", [float("nan"), -1, 0, True, "5"])
+def test_extend_validates_its_argument(value):
+    lock = Lock("extend-bad", timeout=5)
+    lock.acquire()
+    with pytest.raises((TypeError, ValueError)):
+        lock.extend(value)
+    lock.release()
+
+
+def test_every_key_a_script_touches_is_declared_and_in_the_locks_slot(redis_client):
+    """MONITOR shows the commands run inside scripts: each key must be one the call declared.
+
+    Redis Cluster routes a script by its declared keys; Dragonfly and kvrocks reject undeclared
+    ones, and Redis 7.0 silently writes them on the wrong node.
+    """
+    from redis.crc import key_slot
+
+    seen: list[list[str]] = []
+    stop = threading.Event()
+    monitor_client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+
+    def watch() -> None:
+        with monitor_client.monitor() as monitor:
+            for event in monitor.listen():
+                seen.append([event.get("client_type", ""), *event["command"].split(" ")])
+                if stop.is_set() and event["command"].startswith("PING"):
+                    return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    time.sleep(0.3)
+    # Every path: take, re-enter, queue, hand off, claim, renew, extend, cancel, force release.
+    holder = Lock("{slot}name", timeout=5)
+    holder.acquire()
+    holder.acquire()
+    holder.release()
+    waiter = threading.Thread(target=lambda: Lock("{slot}name").acquire(blocking_timeout=5))
+    waiter.start()
+    wait_for(lambda: redis_client.llen(keyspace().queue("{slot}name")))
+    holder.renew()
+    holder.extend(1)
+    holder.release()
+    waiter.join(10)
+    assert Lock("{slot}name").acquire(blocking_timeout=0.2) is False
+    force_release("{slot}name")
+    stop.set()
+    monitor_client.ping()
+    watcher.join(10)
+    scripts_run = 0
+    declared: set[str] = set()
+    for client_type, *command in seen:
+        name = command[0].upper()
+        if name == "EVALSHA":
+            scripts_run += 1
+            declared = set(command[3 : 3 + int(command[2])])
+            slots = {key_slot(k.encode()) for k in declared}
+            assert len(slots) == 1, command
+        elif client_type == "lua" and name not in ("PUBLISH", "TIME"):
+            keys = [command[1]] if len(command) > 1 else []
+            assert set(keys) <= declared, (command, declared)
+    assert scripts_run >= 8

@@ -1,0 +1,246 @@
+"""Waiting for a busy lock: woken by the release through one subscription per process.
+
+Regression tests for waits that used to fail outside our favourite configuration: waits longer
+than redis-py 8's default 5 s socket timeout with a bare ``CACHES`` entry, a connection killed
+while a waiter blocks, a waiter that dies in the queue, and more blocked threads than the
+connection pool has connections.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from django_redislock import Lock, LockBackendError, engine
+from django_redislock.keys import keyspace
+from tests.conftest import ROOT, subprocess_env, wait_for
+
+
+def queue_length(redis_client, name: str) -> int:
+    return int(redis_client.llen(keyspace().queue(name)))
+
+
+class Waiter(threading.Thread):
+    """``Lock(name, **options).acquire(...)`` in a thread; records the result and the time."""
+
+    def __init__(self, name: str, *, hold: float = 0.0, **acquire: object) -> None:
+        super().__init__(daemon=True)
+        self.lock_name = name
+        self.hold = hold
+        self.acquire_kwargs = acquire
+        self.options: dict[str, object] = {}
+        self.result: bool | None = None
+        self.error: BaseException | None = None
+        self.acquired_at: float | None = None
+
+    def run(self) -> None:
+        try:
+            lock = Lock(self.lock_name, **self.options)  # type: ignore[arg-type]
+            self.result = lock.acquire(**self.acquire_kwargs)  # type: ignore[arg-type]
+            self.acquired_at = time.monotonic()
+            if self.result:
+                time.sleep(self.hold)
+                lock.release()
+        except BaseException as exc:
+            self.error = exc
+
+
+def start_waiter(name: str, *, using: str | None = None, **acquire: object) -> Waiter:
+    waiter = Waiter(name, **acquire)
+    waiter.options = {"using": using} if using else {}
+    waiter.start()
+    return waiter
+
+
+def waiting_process(name: str) -> subprocess.Popen[str]:
+    """A process blocked in ``Lock(name).acquire()`` (tests/holder.py)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.holder", name, "--timeout", "30"],
+        cwd=ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.fixture
+def processes():
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+        proc.wait(10)
+        if proc.stdout:
+            proc.stdout.close()
+
+
+@pytest.fixture
+def publish_counts_nobody(monkeypatch):
+    """Hand-offs as on a Redis Cluster, where PUBLISH's count cannot tell a dead waiter."""
+    original = engine.target_for
+
+    def cluster_like(using):
+        return dataclasses.replace(original(using), trust_publish="0")
+
+    monkeypatch.setattr(engine, "target_for", cluster_like)
+
+
+# -- defect: waits longer than the socket timeout -------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("alias", ["bare", "bare-builtin"])
+def test_a_wait_longer_than_the_default_socket_timeout_succeeds(redis_client, alias):
+    """redis-py 8 gives connections a 5 s socket timeout that a bare CACHES entry keeps."""
+    name = f"long-wait-{alias}"
+    holder = Lock(name, using=alias, timeout=30)
+    holder.acquire()
+    waiter = start_waiter(name, using=alias)
+    wait_for(lambda: queue_length(redis_client, name) == 1, what="the waiter to queue")
+    time.sleep(6.5)
+    released = time.monotonic()
+    holder.release()
+    waiter.join(10)
+    assert waiter.error is None and waiter.result is True
+    assert waiter.acquired_at is not None and waiter.acquired_at - released < 0.5
+
+
+# -- defect: a dropped connection is not an outage ---------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["normal", "pubsub"])
+def test_a_killed_connection_during_a_wait_keeps_waiting(redis_client, kind):
+    holder = Lock(f"kill-{kind}", timeout=30)
+    holder.acquire()
+    waiter = start_waiter(f"kill-{kind}", blocking_timeout=8)
+    wait_for(lambda: queue_length(redis_client, f"kill-{kind}") == 1, what="the waiter to queue")
+    killed = redis_client.client_kill_filter(_type=kind)
+    assert killed >= 1
+    time.sleep(1.5)  # the old failure surfaced here, after the killed read
+    assert waiter.is_alive() and waiter.error is None
+    holder.release()
+    waiter.join(10)
+    assert waiter.error is None and waiter.result is True
+
+
+def test_redis_down_during_a_wait_raises_within_the_deadline(redis_factory, settings):
+    server = redis_factory().start()
+    settings.CACHES = {
+        **settings.CACHES,
+        "doomed": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"{server.url}/0",
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5},
+        },
+    }
+    holder = Lock("doomed", using="doomed", timeout=2, auto_renew=False)
+    holder.acquire()
+    waiter = start_waiter("doomed", using="doomed", blocking_timeout=30)
+    wait_for(lambda: server.client().llen(keyspace("doomed").queue("doomed")) == 1)
+    server.kill()
+    waiter.join(10)  # the holder's lease (2 s) ends, the re-check finds Redis gone
+    assert not waiter.is_alive()
+    assert isinstance(waiter.error, LockBackendError)
+
+
+# -- defect: a waiter that dies in the queue -------------------------------------------------------
+
+
+def test_a_waiter_killed_in_the_queue_is_skipped_at_once(redis_client, processes):
+    holder = Lock("dead-waiter", timeout=30)
+    holder.acquire()
+    dead = waiting_process("dead-waiter")
+    processes.append(dead)
+    wait_for(lambda: queue_length(redis_client, "dead-waiter") == 1, what="the process to queue")
+    dead.kill()
+    dead.wait(10)
+    waiter = start_waiter("dead-waiter", blocking_timeout=20)
+    wait_for(lambda: queue_length(redis_client, "dead-waiter") == 2, what="the thread to queue")
+    released = time.monotonic()
+    holder.release()
+    waiter.join(20)
+    assert waiter.result is True
+    assert waiter.acquired_at is not None and waiter.acquired_at - released < 0.5
+
+
+@pytest.mark.slow
+def test_a_dead_waiter_costs_at_most_the_claim_window_when_publish_cannot_tell(
+    redis_client, processes, publish_counts_nobody
+):
+    holder = Lock("dead-waiter-2", timeout=30)
+    holder.acquire()
+    dead = waiting_process("dead-waiter-2")
+    processes.append(dead)
+    wait_for(lambda: queue_length(redis_client, "dead-waiter-2") == 1)
+    dead.kill()
+    dead.wait(10)
+    waiter = start_waiter("dead-waiter-2", blocking_timeout=20)
+    wait_for(lambda: queue_length(redis_client, "dead-waiter-2") == 2)
+    released = time.monotonic()
+    holder.release()
+    waiter.join(20)
+    assert waiter.result is True
+    stall = waiter.acquired_at - released  # type: ignore[operator]
+    assert engine.CLAIM_WINDOW - 0.2 < stall < engine.CLAIM_WINDOW + 1.0
+
+
+@pytest.mark.slow
+def test_a_frozen_waiter_costs_at_most_the_claim_window(redis_client, processes):
+    """A SIGSTOPped waiter still listens (its socket is open) but never claims the hand-off."""
+    holder = Lock("frozen-waiter", timeout=30)
+    holder.acquire()
+    frozen = waiting_process("frozen-waiter")
+    processes.append(frozen)
+    wait_for(lambda: queue_length(redis_client, "frozen-waiter") == 1)
+    os.kill(frozen.pid, signal.SIGSTOP)
+    waiter = start_waiter("frozen-waiter", blocking_timeout=20)
+    wait_for(lambda: queue_length(redis_client, "frozen-waiter") == 2)
+    released = time.monotonic()
+    holder.release()
+    waiter.join(20)
+    assert waiter.result is True
+    stall = waiter.acquired_at - released  # type: ignore[operator]
+    assert stall < engine.CLAIM_WINDOW + 1.0
+
+
+# -- defect: every blocked waiter held a pooled connection ---------------------------------------
+
+
+@pytest.mark.slow
+def test_a_thousand_threads_wait_with_a_pool_of_ten(redis_client):
+    holder = Lock("crowd", using="small-pool", timeout=30)
+    holder.acquire()
+    waiters = [start_waiter("crowd", using="small-pool", blocking_timeout=120) for _ in range(1000)]
+    wait_for(lambda: queue_length(redis_client, "crowd") == 1000, timeout=60, what="1000 waiters")
+    pool = holder._target().client.connection_pool
+    assert len(pool._in_use_connections) < 10  # waiting holds no connection
+    holder.release()
+    for waiter in waiters:
+        waiter.join(120)
+    errors = [w.error for w in waiters if w.error is not None]
+    assert errors == []
+    assert all(w.result is True for w in waiters)
+    times = sorted(w.acquired_at for w in waiters)  # type: ignore[type-var]
+    assert len(set(times)) == 1000
+
+
+def test_waiters_of_one_process_share_one_subscription(redis_client):
+    holder = Lock("shared-sub", timeout=30)
+    holder.acquire()
+    before = len(redis_client.client_list(_type="pubsub"))
+    waiters = [start_waiter("shared-sub", blocking_timeout=20) for _ in range(20)]
+    wait_for(lambda: queue_length(redis_client, "shared-sub") == 20)
+    assert len(redis_client.client_list(_type="pubsub")) <= before + 1
+    holder.release()
+    for waiter in waiters:
+        waiter.join(20)
+    assert all(w.result is True for w in waiters)
