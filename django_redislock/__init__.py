@@ -1,5 +1,6 @@
 """django-redislock: correct, fast, observable distributed locks on Redis for Django and Celery."""
 
+from django_redislock.aio import AsyncLock
 from django_redislock.decorators import distributed_lock
 from django_redislock.exceptions import (
     LockBackendError,
@@ -14,6 +15,7 @@ from django_redislock.operations import LockInfo, force_release, get_lock_info, 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncLock",
     "Lock",
     "LockBackendError",
     "LockError",

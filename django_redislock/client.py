@@ -15,6 +15,8 @@ from django_redislock.records import LockRecord, parse_record
 
 __all__ = [
     "StatsUpdate",
+    "alock_exists",
+    "aread_lock",
     "blocking_pop",
     "eviction_policy",
     "lock_exists",
@@ -36,15 +38,14 @@ def read_lock(client: Any, key: str) -> LockRecord | None:
     return next(iter(read_locks(client, [key])), None)
 
 
-def read_locks(client: Any, keys: Sequence[str]) -> list[LockRecord]:
-    """Records of the given lock keys in one round trip; vanished keys are skipped."""
-    if not keys:
-        return []
-    pipe = client.pipeline(transaction=False)
+def _queue_reads(pipe: Any, keys: Sequence[str]) -> Any:
     for key in keys:
         pipe.get(key)
         pipe.pttl(key)
-    values = pipe.execute()
+    return pipe
+
+
+def _parse_reads(keys: Sequence[str], values: Sequence[Any]) -> list[LockRecord]:
     records = []
     for i, key in enumerate(keys):
         raw, pttl = values[2 * i], values[2 * i + 1]
@@ -53,8 +54,25 @@ def read_locks(client: Any, keys: Sequence[str]) -> list[LockRecord]:
     return records
 
 
+def read_locks(client: Any, keys: Sequence[str]) -> list[LockRecord]:
+    """Records of the given lock keys in one round trip; vanished keys are skipped."""
+    if not keys:
+        return []
+    return _parse_reads(keys, _queue_reads(client.pipeline(transaction=False), keys).execute())
+
+
+async def aread_lock(client: Any, key: str) -> LockRecord | None:
+    """:func:`read_lock` with a ``redis.asyncio`` client."""
+    values = await _queue_reads(client.pipeline(transaction=False), [key]).execute()
+    return next(iter(_parse_reads([key], values)), None)
+
+
 def lock_exists(client: Any, key: str) -> bool:
     return bool(client.exists(key))
+
+
+async def alock_exists(client: Any, key: str) -> bool:
+    return bool(await client.exists(key))
 
 
 def scan_keys(

@@ -9,12 +9,14 @@ sends no Redis command itself: those are in ``lua/`` and :mod:`django_redislock.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import inspect
 import threading
-from collections.abc import Iterator
-from typing import Any, cast
+import weakref
+from collections.abc import AsyncGenerator, Iterator
+from typing import Any
 
 from django.core.signals import setting_changed
 from redis import exceptions as redis_errors
@@ -27,6 +29,7 @@ __all__ = [
     "backend_kind",
     "configured_socket_timeout",
     "get_client",
+    "make_async_client",
     "reset",
     "socket_timeout",
 ]
@@ -106,7 +109,7 @@ def get_client(using: str | None = None) -> Any:
     from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
 
-    configs = cast(dict[str, dict[str, Any]], settings.CACHES)
+    configs: dict[str, dict[str, Any]] = getattr(settings, "CACHES", {})
     config = configs.get(alias)
     if config is None:
         raise ImproperlyConfigured(
@@ -192,6 +195,117 @@ def configured_socket_timeout(config: dict[str, Any]) -> float | None:
     else:
         value = _default_socket_timeout(Connection)
     return float(value) if isinstance(value, (int, float)) and value else None
+
+
+#: Connection settings that mean the same to redis-py's sync and asyncio connections. Everything
+#: else in a sync pool's kwargs (parser and retry classes, redis-py 8's maintenance hooks, the
+#: Sentinel pool proxy) is sync-specific and left to the asyncio defaults.
+_PORTABLE_KWARGS = frozenset(
+    {
+        "host", "port", "path", "db", "username", "password", "credential_provider",
+        "socket_timeout", "socket_connect_timeout", "socket_keepalive",
+        "socket_keepalive_options", "retry_on_timeout", "encoding", "encoding_errors",
+        "decode_responses", "client_name", "health_check_interval", "protocol", "lib_name",
+        "lib_version", "ssl_keyfile", "ssl_certfile", "ssl_cert_reqs", "ssl_ca_certs",
+        "ssl_ca_data", "ssl_check_hostname", "ssl_min_version", "ssl_ciphers", "ssl_password",
+        "ssl_ca_path",
+    }
+)  # fmt: skip
+
+
+def _portable(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in kwargs.items() if k in _PORTABLE_KWARGS}
+
+
+def make_async_client(client: Any) -> Any:
+    """A ``redis.asyncio`` client for the same server(s) as the sync ``client``.
+
+    Built from what the sync client's pool really uses (the ``CACHES`` LOCATION and OPTIONS as
+    django-redis or Django turned them into a pool): host/port/db or unix socket, credentials,
+    timeouts, TLS, and Sentinel (the same sentinels and service). The caller keeps one per event
+    loop: asyncio connections cannot be shared between loops.
+    """
+    import redis.asyncio as aredis
+    from redis.asyncio import connection as aconnection
+    from redis.sentinel import SentinelConnectionPool
+
+    pool = client.connection_pool
+    kwargs = _portable(dict(pool.connection_kwargs))
+    max_connections = getattr(pool, "max_connections", None)
+    if isinstance(pool, SentinelConnectionPool):
+        from redis.asyncio.sentinel import Sentinel
+
+        sentinels = [
+            (
+                s.connection_pool.connection_kwargs["host"],
+                s.connection_pool.connection_kwargs["port"],
+            )
+            for s in pool.sentinel_manager.sentinels
+        ]
+        sentinel_kwargs = _portable(
+            dict(pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs)
+        )
+        for key in ("host", "port", "db"):
+            sentinel_kwargs.pop(key, None)
+        kwargs.pop("host", None)
+        kwargs.pop("port", None)
+        manager = Sentinel(  # type: ignore[no-untyped-call]
+            sentinels, sentinel_kwargs=sentinel_kwargs, **kwargs
+        )
+        if pool.is_master:
+            return manager.master_for(pool.service_name)
+        return manager.slave_for(pool.service_name)
+    from redis.connection import SSLConnection, UnixDomainSocketConnection
+
+    if issubclass(pool.connection_class, SSLConnection):
+        connection_class: type = aconnection.SSLConnection
+    elif issubclass(pool.connection_class, UnixDomainSocketConnection):
+        connection_class = aconnection.UnixDomainSocketConnection
+    else:
+        connection_class = aconnection.Connection
+    async_pool = aredis.ConnectionPool(
+        connection_class=connection_class, max_connections=max_connections, **kwargs
+    )
+    return aredis.Redis(connection_pool=async_pool)
+
+
+class _LoopClients:
+    """The asyncio clients of one event loop, closed when ``asyncio.run`` ends the loop."""
+
+    def __init__(self) -> None:
+        self.clients: dict[int, Any] = {}
+        self.closer: AsyncGenerator[None, None] | None = None
+
+
+_loop_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClients] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _close_at_loop_end(clients: dict[int, Any]) -> AsyncGenerator[None, None]:
+    """A suspended async generator: the loop finalizes it in ``shutdown_asyncgens`` (which
+    ``asyncio.run`` calls before closing the loop), and its ``finally`` closes our clients."""
+    try:
+        yield
+    finally:
+        for async_client in list(clients.values()):
+            with contextlib.suppress(Exception):
+                await async_client.aclose(close_connection_pool=True)
+        clients.clear()
+
+
+async def async_client_for(client: Any) -> Any:
+    """The ``redis.asyncio`` twin of a sync client, one per running event loop."""
+    loop = asyncio.get_running_loop()
+    entry = _loop_clients.get(loop)
+    if entry is None:
+        entry = _loop_clients[loop] = _LoopClients()
+        entry.closer = _close_at_loop_end(entry.clients)
+        await entry.closer.__anext__()  # registers it with the loop's async-generator hooks
+    async_client = entry.clients.get(id(client))
+    if async_client is None:
+        async_client = entry.clients[id(client)] = make_async_client(client)
+    return async_client
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, cast
 
+from django_redislock.aio import AsyncLock
 from django_redislock.conf import MIN_LEASE, check_seconds
 from django_redislock.engine import check_bool
 from django_redislock.exceptions import LockNotAcquiredError
@@ -80,6 +81,9 @@ def distributed_lock(
     and a callable's return value is returned instead (it receives the same arguments, unless it
     takes none).
 
+    On an ``async def`` function the lock is an :class:`~django_redislock.AsyncLock` (same
+    templates, ``on_busy`` — which may then be a coroutine function — and waiting rules).
+
     Waiting: with ``on_busy="raise"`` a busy lock is waited for (``blocking_timeout``, else
     ``REDISLOCK["BLOCKING_TIMEOUT"]``). With ``"skip"`` or a callable — "skip if already running"
     — the decorator does not wait unless ``blocking_timeout`` is given.
@@ -100,8 +104,6 @@ def distributed_lock(
     Lock("options-check", **options)  # validates using/on_commit now, without touching Redis
 
     def decorate(func: F) -> F:
-        if inspect.iscoroutinefunction(func):
-            raise TypeError(f"distributed_lock does not support coroutine functions ({func!r}).")
         name_of = compile_key(key, func)
         if isinstance(key, str):
             stats_name = key
@@ -111,20 +113,35 @@ def distributed_lock(
             key_name = getattr(key, "__qualname__", repr(key))
             stats_name = f"{func.__module__}.{func.__qualname__}[{key_name}]"
 
+        def busy(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
+            if on_busy == "skip":
+                logger.info(
+                    "django_redislock: %s skipped, lock %r is busy", func.__qualname__, name
+                )
+                return None
+            if handler is not None:
+                return handler(*args, **kwargs)
+            raise _busy_error(args, name)
+
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                lock = AsyncLock(name_of(*args, **kwargs), stats_name=stats_name, **options)
+                if not await lock.acquire():
+                    result = busy(args, kwargs, lock.name)
+                    return await result if inspect.isawaitable(result) else result
+                async with _Held(lock):
+                    return await func(*args, **kwargs)
+
+            async_wrapper.lock_name = name_of  # type: ignore[attr-defined]
+            return cast(F, async_wrapper)
+
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             lock = Lock(name_of(*args, **kwargs), stats_name=stats_name, **options)
             if not lock.acquire():
-                if on_busy == "skip":
-                    logger.info(
-                        "django_redislock: %s skipped, lock %r is busy",
-                        func.__qualname__,
-                        lock.name,
-                    )
-                    return None
-                if handler is not None:
-                    return handler(*args, **kwargs)
-                raise _busy_error(args, lock.name)
+                return busy(args, kwargs, lock.name)
             with _Held(lock):
                 return func(*args, **kwargs)
 
@@ -135,13 +152,20 @@ def distributed_lock(
 
 
 class _Held:
-    """Context manager for an already acquired lock: ``Lock.__exit__`` semantics on exit."""
+    """Context manager for an already acquired lock: the face's exit semantics (release, or
+    ``LockLostError`` when the lock was lost while the function ran)."""
 
-    def __init__(self, lock: Lock) -> None:
+    def __init__(self, lock: Any) -> None:
         self.lock = lock
 
-    def __enter__(self) -> Lock:
+    def __enter__(self) -> Any:
         return self.lock
 
     def __exit__(self, *exc_info: Any) -> None:
         self.lock.__exit__(*exc_info)
+
+    async def __aenter__(self) -> Any:
+        return self.lock
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.lock.__aexit__(*exc_info)

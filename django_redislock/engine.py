@@ -177,6 +177,8 @@ class Call(Op):
     keys: list[str]
     args: list[Any]
     action: str
+    #: Clean-up after an interruption: an async driver shields it from a second cancellation.
+    shield: bool = False
 
     def sync(self, face: LockBase) -> Any:
         with connection.backend_errors(self.action):
@@ -266,8 +268,9 @@ async def adrive(face: LockBase, flow: Flow) -> Any:
     stepper.step()
     while not stepper.done:
         assert stepper.op is not None
+        work = stepper.op.async_(face)
         try:
-            reply = await stepper.op.async_(face)
+            reply = await (asyncio.shield(work) if getattr(stepper.op, "shield", False) else work)
         except BaseException as exc:
             stepper.step(error=exc)
         else:
@@ -557,8 +560,10 @@ class LockBase:
         except BaseException:
             if entry and waiter is not None:
                 # Interrupted while queued: leave the queue, pass on a lock reserved for us.
+                cleanup = self._cancel_call(spec, owner, waiter.id, entry, take=False)
+                cleanup.shield = True
                 try:
-                    yield self._cancel_call(spec, owner, waiter.id, entry, take=False)
+                    yield cleanup
                 except Exception:  # the interruption matters more; the entry expires anyway
                     logger.warning(
                         "django_redislock: could not clean up the wait for %r",
@@ -633,11 +638,11 @@ class LockBase:
         return False
 
     # -- release / renew ----------------------------------------------------------------------
-    def _release_call(self, all_holds: bool) -> tuple[Call, Hold | None]:
+    def _release_call(self, all_holds: bool, owner: str) -> tuple[Call, Hold | None]:
         """The release script call; unregisters the hold from the watchdog *before* it runs
-        (never renew a released lock)."""
+        (never renew a released lock). ``owner`` is resolved by the caller (an async release
+        runs shielded, in another task)."""
         spec = self._spec()
-        owner = self.owner
         hold = holds.get((*spec.ident, owner))
         if hold is not None and (all_holds or hold.count <= 1):
             watchdog.unregister(hold)
@@ -655,14 +660,14 @@ class LockBase:
         )
         return call, hold
 
-    def _released(self, hold: Hold | None, left: int) -> None:
+    def _released(self, hold: Hold | None, left: int, owner: str) -> None:
         if left < 0:
             if hold is not None:
                 holds.mark_lost(hold)
                 self._last[hold.owner] = hold
             raise LockNotOwnedError(
                 f"Cannot release lock {self.name!r}: it is not held by this owner "
-                f"({self.owner}). It expired, was force-released, or was never acquired here."
+                f"({owner}). It expired, was force-released, or was never acquired here."
             )
         if hold is None:
             return
@@ -727,6 +732,22 @@ class LockBase:
         if hold is not None and hold.released and self._hold() is None:
             return "released"
         return "held"
+
+    def _release_on_exit(self, exc: BaseException | None) -> bool:
+        """Whether leaving the block must release; a lost lock raises (or logs) here."""
+        state = self._exit_state()
+        if state == "lost":
+            self._lost_on_exit(exc)
+            return False
+        return state == "held"  # "released": explicitly, inside the block — nothing was lost
+
+    def _release_failed_on_exit(self, exc: BaseException | None, err: LockError) -> None:
+        if isinstance(err, LockNotOwnedError):
+            self._lost_on_exit(exc, err)
+        elif exc is None:
+            raise err
+        else:  # keep the block's own exception
+            logger.warning("django_redislock: could not release %r", self.name, exc_info=True)
 
     def _lost_on_exit(self, exc: BaseException | None, cause: BaseException | None = None) -> None:
         message = (

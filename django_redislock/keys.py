@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from django.core.signals import setting_changed
 
@@ -101,7 +101,7 @@ def cache_key_prefix(alias: str) -> str:
     """The ``KEY_PREFIX`` of a ``CACHES`` entry ("" when unset)."""
     from django.conf import settings
 
-    caches = cast(dict[str, dict[str, Any]], settings.CACHES)
+    caches: dict[str, dict[str, Any]] = getattr(settings, "CACHES", {})
     config = caches.get(alias) or {}
     return str(config.get("KEY_PREFIX") or "")
 

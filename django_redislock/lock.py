@@ -61,13 +61,14 @@ class Lock(engine.LockBase):
         hold the lock — never held, already released, expired, or force-released. With
         ``on_commit``, inside a transaction the release happens when it ends.
         """
-        if self.on_commit and self._defer(lambda: self._release_now(all_holds)):
+        owner = self.owner
+        if self.on_commit and self._defer(lambda: self._release_now(all_holds, owner)):
             return
-        self._release_now(all_holds)
+        self._release_now(all_holds, owner)
 
-    def _release_now(self, all_holds: bool) -> None:
-        call, hold = self._release_call(all_holds)
-        self._released(hold, int(call.sync(self)))
+    def _release_now(self, all_holds: bool, owner: str) -> None:
+        call, hold = self._release_call(all_holds, owner)
+        self._released(hold, int(call.sync(self)), owner)
 
     def renew(self) -> None:
         """Reset the lease to ``timeout``; :class:`LockNotOwnedError` if no longer held."""
@@ -145,20 +146,11 @@ class Lock(engine.LockBase):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        state = self._exit_state()
-        if state == "lost":
-            self._lost_on_exit(exc)
-            return
-        if state == "released":  # released explicitly inside the block: nothing was lost
-            return
-        try:
-            self.release()
-        except LockNotOwnedError as err:
-            self._lost_on_exit(exc, err)
-        except LockBackendError:
-            if exc is None:
-                raise
-            logger.warning("django_redislock: could not release %r", self.name, exc_info=True)
+        if self._release_on_exit(exc):
+            try:
+                self.release()
+            except (LockNotOwnedError, LockBackendError) as err:
+                self._release_failed_on_exit(exc, err)
 
 
 class _AtTransactionEnd:

@@ -49,6 +49,15 @@ def _forget_holds() -> Iterator[None]:
     holds.forget_all()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _stop_async_faces() -> Iterator[None]:
+    """Event loops that ran ``AsyncLock`` for the face-parametrised tests end with the session."""
+    yield
+    from tests.faces import stop_runners
+
+    stop_runners()
+
+
 @pytest.fixture
 def redis_factory() -> Iterator[type[RedisServer]]:
     """Start dedicated servers that a fault test may kill, pause or restart.

@@ -214,11 +214,3 @@ def test_lock_is_released_when_the_function_raises():
     with pytest.raises(RuntimeError):
         f()
     assert not Lock("boom").locked()
-
-
-def test_coroutine_functions_are_refused():
-    with pytest.raises(TypeError):
-
-        @distributed_lock("x")
-        async def f():
-            pass

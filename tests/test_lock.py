@@ -22,6 +22,21 @@ from django_redislock import (
 )
 from django_redislock.keys import keyspace
 from tests.conftest import wait_for
+from tests.faces import AsyncFace
+
+
+def pytest_generate_tests(metafunc):
+    """Every contract test runs against both faces: ``Lock`` and ``AsyncLock`` (through
+    :class:`tests.faces.AsyncFace`, where each test thread is one asyncio task)."""
+    faces = ["sync"] if metafunc.definition.get_closest_marker("sync_only") else ["sync", "async"]
+    metafunc.parametrize("face", faces, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def face(request, monkeypatch):
+    if request.param == "async":
+        monkeypatch.setitem(globals(), "Lock", AsyncFace)
+    return request.param
 
 
 def in_thread(fn, *args):
@@ -95,7 +110,8 @@ def test_lock_value_is_json_with_holder_metadata(redis_client):
         record = json.loads(raw)
         assert record["o"] == lock.owner
         assert record["t"] == lock.fencing_token
-        assert record["m"]["pid"] > 0 and record["m"]["thread"] == "MainThread"
+        assert record["m"]["pid"] > 0
+        assert record["m"]["thread"] == "MainThread" or record["m"]["thread"].startswith("task:")
 
 
 def test_other_thread_cannot_acquire_non_blocking():
@@ -414,6 +430,7 @@ class _Interrupted(Exception):
     pass
 
 
+@pytest.mark.sync_only  # signals interrupt threads; tasks are cancelled: see test_aio.py
 def test_interrupted_wait_leaves_the_queue(redis_client):
     """A signal handler raising mid-wait (like Ctrl-C) leaves no queue entry behind."""
     import signal
@@ -550,6 +567,7 @@ def test_extend_validates_its_argument(value):
     lock.release()
 
 
+@pytest.mark.sync_only  # the faces share the scripts
 def test_every_key_a_script_touches_is_declared_and_in_the_locks_slot(redis_client):
     """MONITOR shows the commands run inside scripts: each key must be one the call declared.
 

@@ -1,0 +1,337 @@
+"""``AsyncLock`` and ``distributed_lock`` on coroutines: what is specific to asyncio.
+
+The ``Lock`` contract tests run against ``AsyncLock`` too (tests/test_lock.py, through
+tests/faces.py); these cover task owners, cancellation, a busy event loop, interop with ``Lock``
+and the per-loop client. Real Redis, real event loops (``asyncio.run``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from django_redislock import (
+    AsyncLock,
+    Lock,
+    LockLostError,
+    LockNotAcquiredError,
+    distributed_lock,
+    signals,
+)
+from django_redislock.keys import keyspace
+from tests.conftest import wait_for
+
+
+def queue_length(redis_client, name: str) -> int:
+    return int(redis_client.llen(keyspace().queue(name)))
+
+
+def test_two_tasks_are_two_owners_and_one_task_nests():
+    async def main() -> None:
+        lock = AsyncLock("tasks", timeout=5)
+        assert await lock.acquire()
+        assert await lock.acquire()  # same task: nests
+        assert lock.hold_count == 2
+
+        async def other() -> bool:
+            return await AsyncLock("tasks").acquire(blocking=False)
+
+        assert await asyncio.create_task(other()) is False
+        await lock.release()
+        await lock.release()
+        assert await asyncio.create_task(other()) is True
+
+    asyncio.run(main())
+
+
+def test_an_explicit_owner_is_shared_between_tasks():
+    async def main() -> None:
+        first = AsyncLock("shared-owner", timeout=5, owner="job-7")
+        await first.acquire()
+
+        async def second() -> int:
+            lock = AsyncLock("shared-owner", owner="job-7")
+            await lock.acquire(blocking=False)
+            return lock.hold_count
+
+        assert await asyncio.create_task(second()) == 2
+
+    asyncio.run(main())
+
+
+def test_two_hundred_tasks_read_modify_write_exactly(redis_client):
+    counter = "aio-counter"
+    redis_client.set(counter, 0)
+    overlaps: list[int] = []
+    inside = 0
+
+    async def worker() -> None:
+        nonlocal inside
+        lock = AsyncLock("rmw", timeout=10)
+        for _ in range(50):
+            async with lock:
+                inside += 1
+                if inside > 1:
+                    overlaps.append(inside)
+                client = await lock._aclient()
+                value = int(await client.get(counter))
+                await asyncio.sleep(0)
+                await client.set(counter, value + 1)
+                inside -= 1
+
+    async def main() -> None:
+        await asyncio.gather(*(worker() for _ in range(200)))
+
+    asyncio.run(main())
+    assert int(redis_client.get(counter)) == 200 * 50
+    assert overlaps == []
+
+
+def test_cancelling_a_waiting_task_leaves_no_queue_entry(redis_client):
+    async def main() -> None:
+        holder = AsyncLock("cancel-wait", timeout=30)
+        await holder.acquire()
+        waiter = asyncio.create_task(AsyncLock("cancel-wait").acquire(blocking_timeout=20))
+        while queue_length(redis_client, "cancel-wait") == 0:
+            await asyncio.sleep(0.01)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert queue_length(redis_client, "cancel-wait") == 0
+        await holder.release()
+        assert not await holder.locked()
+
+    asyncio.run(main())
+
+
+def test_asyncio_timeout_around_a_wait_leaves_no_queue_entry(redis_client):
+    async def main() -> None:
+        holder = AsyncLock("timeout-wait", timeout=30)
+        await holder.acquire()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):  # another task: this one holds (and would nest)
+                await asyncio.create_task(AsyncLock("timeout-wait").acquire())
+        assert queue_length(redis_client, "timeout-wait") == 0
+        await holder.release()
+
+    asyncio.run(main())
+
+
+def test_a_lock_reserved_for_a_cancelled_waiter_passes_to_the_next(redis_client):
+    """The release hands off to the first waiter just as it is cancelled: the next one gets it."""
+
+    async def main() -> None:
+        holder = Lock("cancel-race", timeout=30, owner="sync-holder")
+        holder.acquire()
+        first = asyncio.create_task(AsyncLock("cancel-race").acquire(blocking_timeout=20))
+        while queue_length(redis_client, "cancel-race") < 1:
+            await asyncio.sleep(0.01)
+        second_lock = AsyncLock("cancel-race", owner="second-waiter")
+        second = asyncio.create_task(second_lock.acquire(blocking_timeout=20))
+        while queue_length(redis_client, "cancel-race") < 2:
+            await asyncio.sleep(0.01)
+        holder.release()  # blocking: reserved for `first`, which cannot run yet ...
+        first.cancel()  # ... and is cancelled before it claims
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert await asyncio.wait_for(second, 5) is True
+        await second_lock.release()
+
+    asyncio.run(main())
+
+
+def test_cancelling_a_task_inside_release_still_releases():
+    async def main() -> None:
+        lock = AsyncLock("cancel-release", timeout=30)
+        holding = asyncio.Event()
+
+        async def hold_and_release() -> None:
+            await lock.acquire()
+            holding.set()
+            await lock.release()  # suspended here when the cancellation arrives
+
+        task = asyncio.create_task(hold_and_release())
+        await holding.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):  # the shielded release finishes on its own
+            if not await AsyncLock("cancel-release").locked():
+                break
+            await asyncio.sleep(0.01)
+        assert not await AsyncLock("cancel-release").locked()
+
+    asyncio.run(main())
+
+
+def test_held_locks_are_renewed_while_the_event_loop_is_blocked():
+    async def main() -> None:
+        async with AsyncLock("busy-loop", timeout=0.6) as lock:
+            time.sleep(2.0)  # CPU-bound work: the loop runs nothing for 3 leases
+            assert not lock.lost
+            assert await lock.owned()
+
+    asyncio.run(main())
+
+
+def test_a_sync_holder_hands_over_to_an_async_waiter():
+    holder = Lock("interop-1", timeout=30, owner="sync-holder")  # released from another thread
+    holder.acquire()
+    released = threading.Event()
+
+    def release_later() -> None:
+        time.sleep(0.3)
+        released.set()
+        holder.release()
+
+    async def main() -> float:
+        threading.Thread(target=release_later).start()
+        lock = AsyncLock("interop-1", timeout=5)
+        assert await lock.acquire(blocking_timeout=10)
+        assert released.is_set()
+        await lock.release()
+        return time.monotonic()
+
+    asyncio.run(main())
+
+
+def test_an_async_holder_hands_over_to_a_sync_waiter(redis_client):
+    result: dict[str, bool] = {}
+
+    def sync_waiter() -> None:
+        lock = Lock("interop-2", timeout=5)
+        result["acquired"] = lock.acquire(blocking_timeout=10)
+        lock.release()
+
+    async def main() -> None:
+        lock = AsyncLock("interop-2", timeout=30)
+        await lock.acquire()
+        thread = threading.Thread(target=sync_waiter)
+        thread.start()
+        while queue_length(redis_client, "interop-2") == 0:
+            await asyncio.sleep(0.01)
+        await lock.release()
+        await asyncio.to_thread(thread.join, 10)
+
+    asyncio.run(main())
+    assert result == {"acquired": True}
+
+
+def test_a_lost_async_lock_raises_on_exit_and_is_signalled(redis_client):
+    events: list[str] = []
+
+    def receiver(sender, name, **kwargs):
+        events.append(name)
+
+    signals.lock_lost.connect(receiver)
+    try:
+
+        async def main() -> None:
+            with pytest.raises(LockLostError):
+                async with AsyncLock("aio-lost", timeout=0.6):
+                    redis_client.delete(keyspace().lock("aio-lost"))
+                    await asyncio.sleep(0.6)  # the watchdog's next renewal finds it gone
+
+        asyncio.run(main())
+    finally:
+        signals.lock_lost.disconnect(receiver)
+    assert events == ["aio-lost"]
+
+
+def test_restart_and_dropped_connection_during_an_async_wait(redis_client):
+    """NOSCRIPT after SCRIPT FLUSH and a killed connection: the wait goes on and succeeds."""
+
+    async def main() -> None:
+        holder = AsyncLock("aio-faults", timeout=30, owner="elsewhere")
+        await holder.acquire()
+        waiter = asyncio.create_task(AsyncLock("aio-faults").acquire(blocking_timeout=10))
+        while queue_length(redis_client, "aio-faults") == 0:
+            await asyncio.sleep(0.01)
+        redis_client.script_flush()
+        redis_client.client_kill_filter(_type="normal", skipme=True)
+        redis_client.client_kill_filter(_type="pubsub")
+        await asyncio.sleep(0.5)
+        await holder.release()
+        assert await asyncio.wait_for(waiter, 10) is True
+
+    asyncio.run(main())
+
+
+def test_the_per_loop_client_is_closed_when_the_loop_ends(redis_client):
+    def connections() -> int:
+        return len(redis_client.client_list(_type="normal"))
+
+    before = connections()
+
+    async def main() -> None:
+        async with AsyncLock("per-loop", timeout=5):
+            pass
+
+    asyncio.run(main())
+    wait_for(lambda: connections() <= before, what="the loop's connections to close")
+
+
+# -- the decorator on coroutine functions -------------------------------------------------------
+
+
+def test_distributed_lock_on_a_coroutine_function_uses_the_template():
+    seen: list[bool] = []
+
+    @distributed_lock("invoice:{invoice_id}", timeout=5)
+    async def charge(invoice_id: int) -> str:
+        seen.append(await AsyncLock(f"invoice:{invoice_id}").locked())
+        return "charged"
+
+    assert asyncio.run(charge(42)) == "charged"
+    assert seen == [True]
+    assert charge.lock_name(42) == "invoice:42"
+
+
+def test_distributed_lock_on_a_coroutine_function_skips_without_waiting():
+    calls: list[int] = []
+
+    @distributed_lock("aio-skip", on_busy="skip")
+    async def job() -> None:
+        calls.append(1)
+
+    async def main() -> float:
+        holder = AsyncLock("aio-skip", timeout=10)
+        await holder.acquire()
+        started = time.monotonic()
+        assert await asyncio.create_task(job()) is None
+        return time.monotonic() - started
+
+    assert asyncio.run(main()) < 0.5 and calls == []
+
+
+def test_distributed_lock_on_a_coroutine_function_awaits_an_async_on_busy():
+    async def busy(n: int) -> str:
+        return f"busy {n}"
+
+    @distributed_lock("aio-busy-{n}", on_busy=busy)
+    async def job(n: int) -> str:
+        return "ran"
+
+    async def main() -> str:
+        holder = AsyncLock("aio-busy-3", timeout=10)
+        await holder.acquire()
+        return await asyncio.create_task(job(3))
+
+    assert asyncio.run(main()) == "busy 3"
+
+
+def test_distributed_lock_on_a_coroutine_function_raises_when_busy():
+    @distributed_lock("aio-raise", blocking_timeout=0.2)
+    async def job() -> None:
+        pass
+
+    async def main() -> None:
+        holder = AsyncLock("aio-raise", timeout=10)
+        await holder.acquire()
+        with pytest.raises(LockNotAcquiredError):
+            await asyncio.create_task(job())
+
+    asyncio.run(main())
