@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import importlib.util
+
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
 
@@ -14,3 +16,10 @@ class RedisLockConfig(AppConfig):
 
         checks.register_checks()
         stats.connect_receivers()
+        # -- Celery integration (owned by django_redislock/celery/) --------------------------
+        # Its receivers (task_revoked, lock_lost, the task-id provider) are connected here, not
+        # when django_redislock.celery is imported, and only when Celery is installed.
+        if importlib.util.find_spec("celery") is not None:
+            from django_redislock.celery import receivers
+
+            receivers.connect()

@@ -30,15 +30,13 @@ from django.db import transaction
 
 from django_redislock import Lock, get_lock_info, list_locks
 from django_redislock.celery import (
-    HEADER_HOLDS,
-    HEADER_KEY,
-    HEADER_TOKEN,
     SKIPPED,
     DuplicateTaskError,
     SingleFlightTask,
     task_deduplicated,
     task_skipped,
 )
+from django_redislock.celery.headers import HEADER_HOLDS, HEADER_KEY, HEADER_TOKEN
 from django_redislock.stats import get_stats
 from tests.conftest import ROOT, subprocess_env, wait_for
 from tests.testapp import tasks
@@ -106,6 +104,45 @@ def empty_unconsumed_queue() -> Iterator[None]:
 
 def no_overlaps() -> bool:
     return tasks.observer().llen("overlaps") == 0
+
+
+# -- wiring --------------------------------------------------------------------------------------
+def test_importing_the_celery_integration_connects_nothing():
+    """Receivers are connected by ``AppConfig.ready()``, not as a side effect of the import."""
+    code = (
+        "import json, django; from django.conf import settings; "
+        "settings.configure(INSTALLED_APPS=['django.contrib.contenttypes']); django.setup(); "
+        "import django_redislock.celery; from django_redislock import lock, signals; "
+        "from celery.signals import task_revoked; "
+        "uids = [str(r[0]) for r in task_revoked.receivers + signals.lock_lost.receivers]; "
+        "print(json.dumps({'providers': len(lock._task_id_providers), "
+        "'ours': [u for u in uids if 'django_redislock' in u]}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={k: v for k, v in subprocess_env().items() if k != "DJANGO_SETTINGS_MODULE"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"providers": 0, "ours": []}
+
+
+def test_the_app_connects_the_celery_receivers_when_ready():
+    from celery.signals import task_revoked
+
+    from django_redislock import lock as lock_module
+    from django_redislock import signals as lock_signals
+    from django_redislock.celery import receivers
+
+    assert receivers.celery_task_id in lock_module._task_id_providers
+    assert any("django_redislock.celery" in str(r[0]) for r in task_revoked.receivers)
+    assert any("django_redislock.celery" in str(r[0]) for r in lock_signals.lock_lost.receivers)
+    receivers.connect()  # idempotent: a second ready() (tests, autoreload) adds nothing
+    assert lock_module._task_id_providers.count(receivers.celery_task_id) == 1
+    assert sum("django_redislock.celery" in str(r[0]) for r in task_revoked.receivers) == 1
 
 
 # -- keys --------------------------------------------------------------------------------------
