@@ -129,7 +129,12 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         queued = self.lock_queue_timeout
         return (float(queued) if queued is not None else self._lease()) + _delay_seconds(options)
 
-    def _lock(self, key: str, task_id: str, timeout: float, *, auto_renew: bool) -> Lock:
+    def _lock(
+        self, key: str, task_id: str, timeout: float, *, auto_renew: bool, queued: bool = False
+    ) -> Lock:
+        """The task id's lock on ``key``. ``queued``: taken for a message that is about to wait in
+        the broker, so ``list_locks`` shows this process as its publisher, labelled queued; the
+        worker that runs it re-enters without ``queued`` and shows itself instead."""
         return Lock(
             key,
             timeout=timeout,
@@ -137,6 +142,7 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
             using=self.lock_using,
             owner=task_id,
             task_id=task_id,
+            queued=queued,
             stats_name=self.name,
         )
 
@@ -164,7 +170,7 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
             return self._hand_over(run, args, kwargs, producer, link, link_error, shadow, options)
         explicit_id = task_id is not None
         task_id = task_id or celery_uuid()
-        lock = self._lock(key, task_id, self._queue_lease(options), auto_renew=False)
+        lock = self._lock(key, task_id, self._queue_lease(options), auto_renew=False, queued=True)
         for _ in range(3):
             if lock.acquire(blocking=False):
                 count, token = lock.detach()  # before publishing: a local worker may start it
@@ -271,8 +277,12 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
 
         The holds are never dropped in between, so no other publish can slip in, and the next
         attempt finds exactly the count the headers announce, whenever this attempt finishes.
+
+        The hand-over re-enters the lock (one more hold, ``queued``, with the queued lease)
+        instead of only renewing it: until a worker starts the next attempt, ``list_locks`` shows
+        the message as queued, published by this process, like any other queued task.
         """
-        count, token = run.lock.detach()  # the watchdog must not shorten the lease set below
+        run.lock.detach()  # the watchdog must not renew (shorten) the queued lease set below
         headers = dict(options.pop("headers", None) or {})
         headers.update(
             {
@@ -282,19 +292,28 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
                 HEADER_USING: self.lock_using,
             }
         )
-        if count:
-            queued = self._lock(run.key, run.task_id, self._queue_lease(options), auto_renew=False)
-            try:
-                queued.renew()
-            except LockNotOwnedError:
+        queued = self._lock(
+            run.key, run.task_id, self._queue_lease(options), auto_renew=False, queued=True
+        )
+        if queued.acquire(blocking=False):
+            holds, held_token = queued.detach()
+            headers.update({HEADER_TOKEN: held_token, HEADER_HOLDS: holds})
+            if holds == 1:  # a fresh hold, not a re-entry: ours had expired or been released
                 logger.warning(
-                    "Task %s[%s] hands over lock %r, but it was already lost.",
+                    "Task %s[%s] lost lock %r while it ran; it was free, so the message it "
+                    "publishes takes it anew.",
                     self.name,
                     run.task_id,
                     run.key,
                 )
-            else:
-                headers.update({HEADER_TOKEN: token, HEADER_HOLDS: count})
+        else:
+            logger.warning(
+                "Task %s[%s] hands over lock %r, but it was lost and is held by another "
+                "holder now: the message it publishes will be skipped while that holds it.",
+                self.name,
+                run.task_id,
+                run.key,
+            )
         result = super().apply_async(
             args,
             kwargs,
