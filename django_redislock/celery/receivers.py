@@ -6,7 +6,7 @@ effects, and a project without ``django_redislock`` in ``INSTALLED_APPS`` gets n
 
 from __future__ import annotations
 
-from celery.signals import task_revoked
+from celery.signals import task_revoked, worker_init
 
 from django_redislock import signals as lock_signals
 from django_redislock.celery import runs, worker
@@ -32,4 +32,7 @@ def connect() -> None:
     )
     task_revoked.connect(
         worker.on_task_revoked, weak=False, dispatch_uid="django_redislock.celery.task_revoked"
+    )
+    worker_init.connect(
+        worker.check_pool, weak=False, dispatch_uid="django_redislock.celery.check_pool"
     )

@@ -1,12 +1,16 @@
-"""The worker main process's part: free the key of a task whose pool child cannot.
+"""The worker main process's part: free the key of a task whose pool child cannot; check the pool.
 
 A body releases its own key when it ends. It cannot when its pool child dies (SIGKILL, OOM), is
 terminated (``revoke(terminate=True)``, hard time limit), or when the message never reaches a
 child (revoked or expired before it started): the worker's main process releases it then.
+
+At start-up (``worker_init``) a greenlet pool on which concurrent tasks would share one lock
+owner is refused (:func:`check_pool`).
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import Any
 
@@ -19,7 +23,13 @@ from django_redislock.celery.task import SingleFlightTask
 from django_redislock.exceptions import LockBackendError, LockNotOwnedError
 from django_redislock.lock import Lock
 
-__all__ = ["SingleFlightRequest", "on_task_revoked", "release_for_request"]
+__all__ = [
+    "SingleFlightRequest",
+    "UnsupportedPoolError",
+    "check_pool",
+    "on_task_revoked",
+    "release_for_request",
+]
 
 logger = logging.getLogger("django_redislock.celery")
 
@@ -95,3 +105,74 @@ def on_task_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> N
         getattr(request, "args", None),
         getattr(request, "kwargs", None),
     )
+
+
+# -- pools -----------------------------------------------------------------------------------------
+#: Pools whose tasks run as greenlets in one OS thread.
+_GREENLET_POOLS = {"celery.concurrency.gevent": "gevent", "celery.concurrency.eventlet": "eventlet"}
+
+
+class UnsupportedPoolError(SystemExit):
+    """The worker's pool would break mutual exclusion; raised at start-up to stop the worker.
+
+    A ``SystemExit``: Celery logs and swallows ``Exception`` raised by signal receivers, and a
+    worker that starts anyway is exactly what must not happen.
+    """
+
+
+def _greenlet_pool(pool_cls: Any) -> str | None:
+    """``"gevent"``/``"eventlet"`` when the worker's pool runs tasks as greenlets, else None.
+
+    Decided from the name or class Celery was given, without importing a pool module (a
+    ``worker_init`` receiver that monkey-patches may still run after this one).
+    """
+    if isinstance(pool_cls, str):
+        from celery import concurrency
+
+        aliases: dict[str, str] = getattr(concurrency, "ALIASES", {})
+        path = aliases.get(pool_cls, pool_cls)
+        return _GREENLET_POOLS.get(path.partition(":")[0])
+    for klass in getattr(pool_cls, "__mro__", ()):
+        found = _GREENLET_POOLS.get(getattr(klass, "__module__", ""))
+        if found:
+            return found
+    return None
+
+
+def _owner_of_another_greenlet(library: str) -> str:
+    """:func:`~django_redislock.lock.default_owner` as seen from a freshly spawned greenlet."""
+    from django_redislock.lock import default_owner
+
+    # Imported by name: neither library is a dependency (nor typed).
+    greenlets: Any = importlib.import_module(library)
+    spawned = greenlets.spawn(default_owner)
+    return str(spawned.get() if library == "gevent" else spawned.wait())
+
+
+def check_pool(sender: Any = None, **kwargs: Any) -> None:
+    """``worker_init`` receiver: refuse a greenlet pool whose concurrent tasks share a lock owner.
+
+    Locks taken inside task bodies (``Lock``, ``distributed_lock``) are owned by (process, thread)
+    by default. ``celery worker -P gevent``/``-P eventlet`` monkey-patch ``threading``, so each
+    greenlet is a thread of its own. Patched without it (``gevent.monkey.patch_all(thread=False)``,
+    ``eventlet.monkey_patch(thread=False)``), every task of the worker would be the same owner:
+    their locks would nest instead of excluding each other, silently. Measured: four concurrent
+    tasks all inside ``with Lock("x")`` at once.
+    """
+    library = _greenlet_pool(getattr(sender, "pool_cls", None))
+    if library is None:
+        return
+    from django_redislock.lock import default_owner
+
+    if _owner_of_another_greenlet(library) != default_owner():
+        return
+    message = (
+        f"django_redislock: the {library} pool runs every task as a greenlet of one thread, but "
+        f"threading is not monkey-patched, so locks taken inside tasks would all have the same "
+        f"owner and concurrent tasks would not exclude each other. Start the worker with "
+        f"`celery worker -P {library}` (which patches everything before anything is imported) "
+        f"or patch threading too; supported pools: prefork, threads, solo, and gevent/eventlet "
+        f"with threading patched."
+    )
+    logger.critical(message)
+    raise UnsupportedPoolError(message)
