@@ -202,7 +202,9 @@ def replacing(self: Any, name: str, same_key: bool, countdown: float = 0.0) -> N
     with observed(self, f"work:{name}"):
         pass
     if same_key:
-        return self.replace(work.si(name, 0.3).set(countdown=countdown))
+        # On the queue this delivery came from, so the same worker gets the replacement.
+        queue = (self.request.delivery_info or {}).get("routing_key") or "celery"
+        return self.replace(work.si(name, 0.3).set(countdown=countdown, queue=queue))
     return self.replace(plain.si(name))
 
 
