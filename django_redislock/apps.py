@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import importlib.util
+
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
 
@@ -17,3 +19,9 @@ class RedisLockConfig(AppConfig):
         checks.register_checks()
         stats.connect_receivers()
         register_busy_error(command_busy_error)
+        # Celery's receivers (task_revoked, lock_lost, the task-id provider) are connected here, not
+        # when django_redislock.celery is imported, and only when Celery is installed.
+        if importlib.util.find_spec("celery") is not None:
+            from django_redislock.celery import receivers
+
+            receivers.connect()

@@ -8,15 +8,17 @@ what they saw to Redis (``tasks.events()``, ``overlaps``).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import decimal
 import json
 import logging
+import os
 import pickle
+import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -30,15 +32,13 @@ from django.db import transaction
 
 from django_redislock import Lock, get_lock_info, list_locks
 from django_redislock.celery import (
-    HEADER_HOLDS,
-    HEADER_KEY,
-    HEADER_TOKEN,
     SKIPPED,
     DuplicateTaskError,
     SingleFlightTask,
     task_deduplicated,
     task_skipped,
 )
+from django_redislock.celery.headers import HEADER_HOLDS, HEADER_KEY, HEADER_TOKEN
 from django_redislock.stats import get_stats
 from tests.conftest import ROOT, subprocess_env, wait_for
 from tests.testapp import tasks
@@ -108,6 +108,45 @@ def no_overlaps() -> bool:
     return tasks.observer().llen("overlaps") == 0
 
 
+# -- wiring --------------------------------------------------------------------------------------
+def test_importing_the_celery_integration_connects_nothing():
+    """Receivers are connected by ``AppConfig.ready()``, not as a side effect of the import."""
+    code = (
+        "import json, django; from django.conf import settings; "
+        "settings.configure(INSTALLED_APPS=['django.contrib.contenttypes']); django.setup(); "
+        "import django_redislock.celery; from django_redislock import lock, signals; "
+        "from celery.signals import task_revoked; "
+        "uids = [str(r[0]) for r in task_revoked.receivers + signals.lock_lost.receivers]; "
+        "print(json.dumps({'providers': len(lock._task_id_providers), "
+        "'ours': [u for u in uids if 'django_redislock' in u]}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={k: v for k, v in subprocess_env().items() if k != "DJANGO_SETTINGS_MODULE"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"providers": 0, "ours": []}
+
+
+def test_the_app_connects_the_celery_receivers_when_ready():
+    from celery.signals import task_revoked
+
+    from django_redislock import lock as lock_module
+    from django_redislock import signals as lock_signals
+    from django_redislock.celery import receivers
+
+    assert receivers.celery_task_id in lock_module._task_id_providers
+    assert any("django_redislock.celery" in str(r[0]) for r in task_revoked.receivers)
+    assert any("django_redislock.celery" in str(r[0]) for r in lock_signals.lock_lost.receivers)
+    receivers.connect()  # idempotent: a second ready() (tests, autoreload) adds nothing
+    assert lock_module._task_id_providers.count(receivers.celery_task_id) == 1
+    assert sum("django_redislock.celery" in str(r[0]) for r in task_revoked.receivers) == 1
+
+
 # -- keys --------------------------------------------------------------------------------------
 def test_positional_keyword_and_default_arguments_share_a_key():
     task = tasks.unconsumed_keyed
@@ -124,6 +163,7 @@ def test_keyword_and_dict_key_order_do_not_change_the_key():
     assert a != task.lock_name((), {"x": 1, "options": {"a": 1, "b": [2, 1]}, "z": 3, "y": 2})
 
 
+@pytest.mark.slow
 def test_uuid_decimal_and_datetime_arguments_hash_stably():
     task = tasks.unconsumed_keyed
     ident = uuid.UUID("12345678-1234-5678-1234-567812345678")
@@ -225,6 +265,18 @@ def test_duplicate_publish_returns_the_queued_task_and_publishes_nothing(
     assert [i.task_id for i in list_locks(match="race:*")] == [first.id]
 
 
+def test_a_queued_task_shows_its_publisher_labelled_queued(empty_unconsumed_queue):
+    result = tasks.unconsumed_race.delay(13)
+    info = get_lock_info("race:13")
+    assert info is not None and info.queued is True
+    assert (info.task_id, info.owner) == (result.id, result.id)
+    assert (info.host, info.pid) == (socket.gethostname(), os.getpid())
+    assert info.thread == threading.current_thread().name
+    [listed] = list_locks(match="race:13")
+    assert dataclasses.replace(listed, expires_in=0) == dataclasses.replace(info, expires_in=0)
+    assert listed.as_dict()["queued"] is True
+
+
 def test_concurrent_publishes_from_threads_send_exactly_one_message(empty_unconsumed_queue):
     barrier = threading.Barrier(16)
     ids: list[str] = []
@@ -242,13 +294,15 @@ def test_concurrent_publishes_from_threads_send_exactly_one_message(empty_uncons
     assert [m["headers"]["id"] for m in unconsumed_messages()] == ids[:1]
 
 
+@pytest.mark.slow
 def test_concurrent_publishes_from_processes_send_exactly_one_message(empty_unconsumed_queue):
-    start_at = time.time() + 4.0
+    go = f"go:{uuid.uuid4().hex}"
     code = (
-        "import time, django; django.setup(); from tests.testapp.celery_app import app; "
+        "import django; django.setup(); from tests.testapp.celery_app import app; "
         "from tests.testapp import tasks; app.finalize(); "
-        "tasks.unconsumed_race.lock_name((3,)); "
-        f"time.sleep(max(0, {start_at} - time.time())); "
+        "tasks.unconsumed_race.lock_name((3,)); tasks.unconsumed_race.delay; "
+        "print('ready', flush=True); "
+        f"tasks.observer().blpop({go!r}, 60); "
         "print(tasks.unconsumed_race.delay(3).id, flush=True)"
     )
     procs = [
@@ -261,7 +315,16 @@ def test_concurrent_publishes_from_processes_send_exactly_one_message(empty_unco
         )
         for _ in range(4)
     ]
-    ids = [p.communicate(timeout=60)[0].strip() for p in procs]
+    try:
+        # Every process imported everything and waits on the barrier: release them at once.
+        assert [p.stdout.readline().strip() for p in procs] == ["ready"] * 4
+        tasks.observer().rpush(go, *["go"] * 4)
+        ids = [p.communicate(timeout=60)[0].strip() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
     assert all(p.returncode == 0 for p in procs)
     assert len(set(ids)) == 1, ids
     assert [m["headers"]["id"] for m in unconsumed_messages()] == ids[:1]
@@ -376,6 +439,17 @@ def test_success_releases_the_key_and_records_the_task_id(worker):
     wait_for(lambda: get_lock_info("work:ok") is None, 2)
 
 
+def test_a_running_task_shows_the_worker_thread_not_the_publisher(worker):
+    publisher = threading.current_thread().name
+    result = tasks.work.delay("who", 0.5)
+    [start] = wait_for(lambda: tasks.events("start"))
+    # Seen from inside the body, so not racing its end: the worker re-entered the hold.
+    assert start["holder"] == result.id and start["queued"] is False
+    assert start["holder_thread"] == start["thread"] != publisher
+    assert (start["holder_host"], start["holder_pid"]) == (socket.gethostname(), os.getpid())
+    assert result.get(timeout=10) == "done who"
+
+
 def test_failure_releases_the_key(worker):
     result = tasks.work.delay("bad", 0.0, True)
     with pytest.raises(ValueError):
@@ -407,10 +481,9 @@ def test_replace_releases_the_key_or_hands_it_to_a_same_key_replacement(worker):
 
 def test_retry_keeps_the_key_until_the_final_attempt_ends(worker):
     result = tasks.retrying.delay("r", 2, 0.5)
-    wait_for(lambda: len(tasks.events("end")) >= 1)
-    time.sleep(0.2)  # between two attempts: the retry is queued with a countdown
-    info = get_lock_info("retry:r")
-    assert info is not None and info.task_id == result.id
+    # Between two attempts: the retry is queued with a countdown, and still holds the key.
+    info = wait_for(lambda: (i := get_lock_info("retry:r")) is not None and i.queued and i)
+    assert info.task_id == result.id
     assert tasks.retrying.delay("r", 2, 0.5).id == result.id  # no second publish
     assert result.get(timeout=15) == 2
     starts = tasks.events("start")
@@ -465,16 +538,16 @@ def test_a_redelivered_message_of_a_running_task_is_skipped(worker, captured):
     wait_for(lambda: get_lock_info("work:rd") is None, 2)
 
 
+@pytest.mark.slow
 def test_the_lease_is_renewed_while_the_body_runs_five_lock_timeouts(worker):
     running = tasks.short_lease.delay("long", 5.5)  # lock_timeout=1
-    wait_for(lambda: tasks.events("start"))
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        info = get_lock_info("short:long")
-        assert info is not None and info.task_id == running.id
-        time.sleep(0.25)
-    assert running.get(timeout=10) == "done long"
-    assert tasks.events("end")[0]["lock_lost"] is False
+    assert running.get(timeout=15) == "done long"
+    [start], [end] = tasks.events("start"), tasks.events("end")
+    # Had the lease lapsed even once, the next renewal would have found the key gone (lost), and
+    # the hold seen at the end would not be the one taken at the start.
+    assert end["lock_lost"] is False
+    assert end["at"] - start["at"] >= 5.5
+    assert (end["holder"], end["token"]) == (running.id, start["token"])
 
 
 def test_a_lock_lost_mid_run_is_known_to_the_task_and_logged(worker, caplog):
@@ -483,6 +556,7 @@ def test_a_lock_lost_mid_run_is_known_to_the_task_and_logged(worker, caplog):
     assert "lost its lock 'lose:l'" in caplog.text
 
 
+@pytest.mark.slow
 def test_revoking_a_queued_task_releases_its_key_when_the_worker_discards_it(worker):
     result = tasks.slow_lease.apply_async(("rv",), countdown=1.5)  # queued lease: 21.5 s
     assert get_lock_info("slow:rv").task_id == result.id
@@ -492,6 +566,7 @@ def test_revoking_a_queued_task_releases_its_key_when_the_worker_discards_it(wor
     assert tasks.events() == []
 
 
+@pytest.mark.slow
 def test_a_periodic_task_longer_than_its_interval_never_overlaps(worker, tmp_path):
     """Real ``celery beat`` (1 s schedule), 2.5 s task: ticks are skipped, never doubled."""
     env = subprocess_env(REDISLOCK_TEST_BEAT_INTERVAL="1.0")

@@ -1,95 +1,31 @@
 """``SingleFlightTask`` when workers die: a real ``celery worker -P prefork`` subprocess whose pool
 children (or the whole worker) get SIGKILLed, terminated by ``revoke`` or SIGTERMed.
 
-Each worker consumes its own queue, so it never races the in-process worker of test_celery.py.
+Each worker consumes its own queue, so it never races the in-process worker of test_celery.py
+(see ``tests/celery_workers.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
-import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
 
 from django_redislock import Lock, get_lock_info
 from django_redislock.celery import SKIPPED
-from tests.conftest import ROOT, subprocess_env, wait_for
+from tests.celery_workers import WorkerProcess
+from tests.conftest import wait_for
 from tests.testapp import tasks
 from tests.testapp.celery_app import app
 
+pytestmark = pytest.mark.slow  # real worker subprocesses
+
 LOCK_TIMEOUT = 2.0  # lock_timeout of tasks.work
 SLACK = 0.5  # scheduling noise on a loaded 2-core machine
-
-
-class WorkerProcess:
-    """``celery worker -P prefork -c 2`` in its own session (so it can be killed as a group)."""
-
-    log_dir: Path = Path(tempfile.gettempdir())
-
-    def __init__(self, queue: str) -> None:
-        self.queue = queue
-        self.name = f"{queue}-{uuid.uuid4().hex[:6]}@localhost"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = self.log_dir / f"{self.name}.log"
-
-    def start(self) -> WorkerProcess:
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "tests.testapp.celery_app",
-                    "worker",
-                    "-P",
-                    "prefork",
-                    "-c",
-                    "2",
-                    "--without-mingle",
-                    "--without-gossip",
-                    "-Q",
-                    self.queue,
-                    "-n",
-                    self.name,
-                    "--loglevel",
-                    "INFO",
-                ],
-                cwd=ROOT,
-                env=subprocess_env(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        wait_for(
-            lambda: (
-                self.proc.poll() is not None
-                or app.control.ping(destination=[self.name], timeout=0.3)
-            ),
-            30,
-        )
-        assert self.proc.poll() is None, self.output()
-        return self
-
-    def output(self) -> str:
-        with open(self.log, errors="replace") as f:
-            return f.read()
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -170,8 +106,17 @@ def test_a_sigkilled_worker_frees_the_key_within_one_lock_timeout():
     victim = WorkerProcess("crash-kill").start()
     try:
         result = tasks.work.apply_async(("all", 30), queue="crash-kill")
-        started("work:all")
-        time.sleep(LOCK_TIMEOUT)  # let the watchdog renew at least once
+        start = started("work:all")
+        # Kill it in steady state: once the watchdog has renewed the running lease (its TTL is
+        # then longer than what would be left of the lease set when the body started).
+        wait_for(
+            lambda: (
+                get_lock_info("work:all").expires_in
+                > LOCK_TIMEOUT - (time.time() - start["at"]) + 0.2
+            ),
+            LOCK_TIMEOUT,
+            what="the first renewal",
+        )
         os.killpg(victim.proc.pid, signal.SIGKILL)  # main process and pool children at once
         killed = time.monotonic()
         victim.proc.wait(10)

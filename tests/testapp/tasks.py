@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,8 +23,9 @@ from celery import shared_task
 from celery.exceptions import Ignore, Reject
 from django.conf import settings
 
-from django_redislock import force_release, get_lock_info
+from django_redislock import Lock, force_release, get_lock_info
 from django_redislock.celery import SingleFlightTask
+from tests.conftest import wait_for
 
 _client: redis.Redis | None = None
 
@@ -41,31 +43,44 @@ def events(kind: str | None = None) -> list[dict[str, Any]]:
 
 
 def _emit(event: str, **data: Any) -> None:
-    observer().rpush(
-        "events", json.dumps({"event": event, "pid": os.getpid(), "at": time.time(), **data})
-    )
+    where = {"pid": os.getpid(), "thread": threading.current_thread().name, "at": time.time()}
+    observer().rpush("events", json.dumps({"event": event, **where, **data}))
+
+
+def _holder(key: str) -> dict[str, Any]:
+    """Who ``get_lock_info`` says holds ``key`` (from inside the body: no race with its end)."""
+    info = get_lock_info(key)
+    if info is None:
+        return {"holder": None, "holds": 0}
+    return {
+        "holder": info.task_id,
+        "holds": info.hold_count,
+        "token": info.fencing_token,
+        "holder_pid": info.pid,
+        "holder_thread": info.thread,
+        "holder_host": info.host,
+        "queued": info.queued,
+    }
 
 
 @contextmanager
 def observed(task: Any, key: str) -> Iterator[None]:
     """Record start/end of a body and any overlap with another body of the same key."""
     client = observer()
-    info = get_lock_info(key)
     if client.incr(f"active:{key}") > 1:
         client.rpush("overlaps", key)
-    _emit(
-        "start",
-        key=key,
-        task_id=task.request.id,
-        retries=task.request.retries,
-        holder=info.task_id if info else None,
-        holds=info.hold_count if info else 0,
-    )
+    _emit("start", key=key, task_id=task.request.id, retries=task.request.retries, **_holder(key))
     try:
         yield
     finally:
         client.decr(f"active:{key}")
-        _emit("end", key=key, task_id=task.request.id, lock_lost=task.lock_lost)
+        _emit(
+            "end",
+            key=key,
+            task_id=task.request.id,
+            lock_lost=getattr(task, "lock_lost", None),
+            **_holder(key),
+        )
 
 
 # -- keys only (never consumed) ----------------------------------------------------------------
@@ -183,11 +198,13 @@ def rejecting(self: Any, name: str) -> None:
 
 
 @shared_task(bind=True, base=SingleFlightTask, lock_key="work:{name}", lock_timeout=2)
-def replacing(self: Any, name: str, same_key: bool) -> None:
+def replacing(self: Any, name: str, same_key: bool, countdown: float = 0.0) -> None:
     with observed(self, f"work:{name}"):
         pass
     if same_key:
-        return self.replace(work.si(name, 0.3))
+        # On the queue this delivery came from, so the same worker gets the replacement.
+        queue = (self.request.delivery_info or {}).get("routing_key") or "celery"
+        return self.replace(work.si(name, 0.3).set(countdown=countdown, queue=queue))
     return self.replace(plain.si(name))
 
 
@@ -195,14 +212,38 @@ def replacing(self: Any, name: str, same_key: bool) -> None:
 def lose_lock(self: Any, name: str) -> bool:
     with observed(self, f"lose:{name}"):
         force_release(f"lose:{name}")
-        time.sleep(1.2)  # more than one renewal interval (timeout / 3)
-        return bool(self.lock_lost)
+        # The watchdog finds out at its next renewal (every timeout / 3).
+        return bool(wait_for(lambda: self.lock_lost, 5, what="the watchdog to notice"))
 
 
 @shared_task(bind=True, base=SingleFlightTask, lock_key="beat:tick", lock_timeout=1)
 def beat_tick(self: Any) -> None:
     with observed(self, "beat:tick"):
         time.sleep(2.5)
+
+
+@shared_task(bind=True, base=SingleFlightTask, lock_key="spin:{name}", lock_timeout=1)
+def spinning(self: Any, name: str, seconds: float) -> bool:
+    """Pure-Python work that never yields (no I/O, no sleep) for ``seconds``; returns lock_lost.
+
+    Under prefork/threads the watchdog thread still gets the GIL; under gevent/eventlet it is a
+    greenlet that cannot run until the body yields.
+    """
+    with observed(self, f"spin:{name}"):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            pass
+        # Yield once (I/O), so a greenlet watchdog gets the chance to find out.
+        wait_for(lambda: self.lock_lost or time.monotonic() > deadline + 1.0, 5)
+        return bool(self.lock_lost)
+
+
+@shared_task(bind=True)
+def guarded(self: Any, name: str, seconds: float) -> None:
+    """An ordinary task whose body takes a plain ``Lock`` (default owner: process + thread, or
+    greenlet under gevent/eventlet): concurrent bodies must exclude each other, not nest."""
+    with Lock(f"guarded:{name}", timeout=5), observed(self, f"guarded:{name}"):
+        time.sleep(seconds)
 
 
 @shared_task
