@@ -103,6 +103,11 @@ def register_task_id_provider(provider: Callable[[], str | None]) -> None:
         _task_id_providers.append(provider)
 
 
+def task_id_providers() -> tuple[Callable[[], str | None], ...]:
+    """The registered task-id providers (for the integrations' own tests)."""
+    return tuple(_task_id_providers)
+
+
 def _current_task_id() -> str | None:
     for provider in _task_id_providers:
         task_id = provider()

@@ -114,10 +114,10 @@ def test_importing_the_celery_integration_connects_nothing():
     code = (
         "import json, django; from django.conf import settings; "
         "settings.configure(INSTALLED_APPS=['django.contrib.contenttypes']); django.setup(); "
-        "import django_redislock.celery; from django_redislock import lock, signals; "
+        "import django_redislock.celery; from django_redislock import holds, signals; "
         "from celery.signals import task_revoked; "
         "uids = [str(r[0]) for r in task_revoked.receivers + signals.lock_lost.receivers]; "
-        "print(json.dumps({'providers': len(lock._task_id_providers), "
+        "print(json.dumps({'providers': len(holds.task_id_providers()), "
         "'ours': [u for u in uids if 'django_redislock' in u]}))"
     )
     out = subprocess.run(
@@ -135,15 +135,15 @@ def test_importing_the_celery_integration_connects_nothing():
 def test_the_app_connects_the_celery_receivers_when_ready():
     from celery.signals import task_revoked
 
-    from django_redislock import lock as lock_module
+    from django_redislock import holds
     from django_redislock import signals as lock_signals
     from django_redislock.celery import receivers
 
-    assert receivers.celery_task_id in lock_module._task_id_providers
+    assert receivers.celery_task_id in holds.task_id_providers()
     assert any("django_redislock.celery" in str(r[0]) for r in task_revoked.receivers)
     assert any("django_redislock.celery" in str(r[0]) for r in lock_signals.lock_lost.receivers)
     receivers.connect()  # idempotent: a second ready() (tests, autoreload) adds nothing
-    assert lock_module._task_id_providers.count(receivers.celery_task_id) == 1
+    assert holds.task_id_providers().count(receivers.celery_task_id) == 1
     assert sum("django_redislock.celery" in str(r[0]) for r in task_revoked.receivers) == 1
 
 
