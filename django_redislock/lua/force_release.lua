@@ -6,12 +6,19 @@
 -- ARGV[1] expected fencing token, "" to release whatever holds the lock
 -- ARGV[2] wake-key prefix "<ns>:wake:{name}:"
 --
--- Returns {1, released_token} when the lock was released, {0, current_token_or_0} otherwise
--- (not held, or held under another token: a lock that changed hands is never touched).
+-- Returns {1, released_token, raw} when the lock was released, {0, current_token, raw} when it
+-- is held under another token (a lock that changed hands is never touched), {0, 0} when not held.
+-- raw is the stored value (the record released, or the one left in place), so callers report
+-- exactly what this call saw. A value that is not a lock record (written by something else, or
+-- corrupted) counts as token 0: it can be released, with or without expected token "0".
 
 local raw = redis.call('GET', KEYS[1])
 if not raw then return {0, 0} end
-local token = cjson.decode(raw).t
-if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= token then return {0, token} end
+local ok, rec = pcall(cjson.decode, raw)
+local token = 0
+if ok and type(rec) == 'table' and rec.o ~= nil and rec.n ~= nil and rec.at ~= nil then
+  token = tonumber(rec.t) or 0
+end
+if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= token then return {0, token, raw} end
 hand_off(KEYS[1], KEYS[2], KEYS[3], ARGV[2])
-return {1, token}
+return {1, token, raw}
