@@ -19,6 +19,7 @@ one error panel saying where Redis was expected and what to check, and nothing e
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -57,8 +58,20 @@ REFRESH_CHOICES = (5, 10, 30, 60)
 _GLOB_CHARS = frozenset("*?[")
 
 
+#: The space between a number and its unit (``3 min``): made a no-break space in durations.
+_UNIT_SPACE = re.compile(r"(\d) (?=\D)")
+
+
 def duration(seconds: float | None) -> str:
-    """Short human duration: ``4.2 s``, ``3 min 05 s``, ``2 h 03 min``, ``3 d 4 h``, ``never``."""
+    """Short human duration: ``4.2 s``, ``3 min 05 s``, ``2 h 03 min``, ``3 d 4 h``, ``never``.
+
+    A number and its unit are joined by a no-break space, so a narrow column wraps ``3 min 05 s``
+    between the two parts, never between ``3`` and ``min``.
+    """
+    return _UNIT_SPACE.sub("\\1\u00a0", _duration(seconds))
+
+
+def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     if seconds == float("inf"):
