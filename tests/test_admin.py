@@ -713,6 +713,17 @@ def test_pages_are_translated(viewer, holders):
     assert "Fencing token" not in html
 
 
+def test_new_pages_states_are_translated(viewer, take):
+    take("sync:3", task_id="t-3", queued=True)
+    client = logged_in(viewer)
+    html = client.get(list_url(), HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
+    assert "排队中 — 由 " in html
+    with override_settings(CACHES=DEAD_CACHES):
+        down = client.get(list_url(), HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
+    assert "无法连接 Redis：在它恢复响应之前，无法显示或更改锁。" in down
+    assert "Redis is unreachable" not in down
+
+
 def test_shipped_migration_matches_the_model():
     call_command("makemigrations", "django_redislock", "--check", "--dry-run", verbosity=0)
 
