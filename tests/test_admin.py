@@ -720,7 +720,7 @@ def test_new_pages_states_are_translated(viewer, take):
     assert "排队中 — 由 " in html
     with override_settings(CACHES=DEAD_CACHES):
         down = client.get(list_url(), HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
-    assert "无法连接 Redis：在它恢复响应之前，无法显示或更改锁。" in down
+    assert "无法连接 Redis：在它恢复响应之前，无法显示或更改锁。" in down  # noqa: RUF001
     assert "Redis is unreachable" not in down
 
 
