@@ -6,7 +6,9 @@ Subcommands::
     manage.py redislock release NAME [--token N] [--using ALIAS]
     manage.py redislock stats [NAME_OR_TEMPLATE] [--json] [--using ALIAS]
 
-``release`` exits with status 1 when nothing was released (no such lock, or ``--token`` no longer
+``list`` prints one tab-separated line (``--json``: one JSON object) per holder, or
+"No lock is held." when there is none (nothing with ``--json`` or ``-v 0``). ``release`` exits with
+status 1 when nothing was released (no such lock, or ``--token`` no longer
 matches), so scripts can tell "done" from "nothing to do"; usage errors exit with status 2.
 ``list`` and ``release`` use the same :mod:`~django_redislock.operations` as the admin: the same
 paging and sort orders, and a release that reports the holder the release script removed (never
