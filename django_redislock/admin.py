@@ -9,15 +9,17 @@ permission itself on every request: ``view_lock`` to look, ``force_release_lock`
 The default site gets :class:`LockAdmin` when Django autodiscovers this module; any other
 ``AdminSite`` can host the pages with :func:`register`.
 
-Paging is cursor-based over ``SCAN`` (:func:`~django_redislock.operations.lock_page`), so the first
-page costs a handful of round trips however many locks exist. Sorting by expiry or age needs every
-lock, so a sorted view scans them all (see ``benchmarks/admin_list.py`` for what that costs).
+Paging, sorting and force release are :mod:`django_redislock.operations` (the ``redislock``
+command uses the same functions): pages follow ``SCAN`` cursors, so the first page costs a
+handful of round trips however many locks exist; a sorted view reads every lock (see
+``benchmarks/admin_list.py`` for what that costs). When Redis cannot be reached, every page shows
+one error panel saying where Redis was expected and what to check, and nothing else.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -40,31 +42,40 @@ from django_redislock import stats
 from django_redislock.exceptions import LockBackendError
 from django_redislock.models import Lock
 from django_redislock.operations import (
+    SORTS,
+    BackendProblem,
     LockInfo,
-    force_release,
-    get_lock_info,
-    lock_page,
+    backend_problem,
+    force_release_info,
+    lock_holders,
+    page_locks,
 )
 
 __all__ = ["LockAdmin", "register"]
 
 ACTION_NAME = "force_release_selected"
-#: ``?o=`` values: sort key and whether descending (no ``o`` = SCAN order, cursor paging).
-#: "held for" sorts on ``acquired_at`` (older = held longer), which needs no clock reading per lock.
-SORTS: dict[str, tuple[Callable[[LockInfo], Any], bool]] = {
-    "expires": (lambda info: info.expires_in, False),
-    "-expires": (lambda info: info.expires_in, True),
-    "held": (lambda info: info.acquired_at, True),
-    "-held": (lambda info: info.acquired_at, False),
-}
 REFRESH_CHOICES = (5, 10, 30, 60)
 _GLOB_CHARS = frozenset("*?[")
 
 
+#: The space between a number and its unit (``3 min``): made a no-break space in durations.
+_UNIT_SPACE = re.compile(r"(\d) (?=\D)")
+
+
 def duration(seconds: float | None) -> str:
-    """Short human duration: ``4.2 s``, ``3 min 05 s``, ``2 h 03 min``, ``3 d 4 h``."""
+    """Short human duration: ``4.2 s``, ``3 min 05 s``, ``2 h 03 min``, ``3 d 4 h``, ``never``.
+
+    A number and its unit are joined by a no-break space, so a narrow column wraps ``3 min 05 s``
+    between the two parts, never between ``3`` and ``min``.
+    """
+    return _UNIT_SPACE.sub("\\1\u00a0", _duration(seconds))
+
+
+def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
+    if seconds == float("inf"):
+        return _("never")
     if seconds < 60:
         return _("%(seconds).1f s") % {"seconds": seconds}
     whole = int(seconds)
@@ -89,18 +100,51 @@ def name_glob(query: str) -> str | None:
 
 
 def selection_value(info: LockInfo) -> str:
-    """Checkbox value naming a lock *and* the fencing token the operator saw."""
+    """Checkbox value naming a holder: the fencing token the operator saw, and the lock name.
+
+    The token tells holders of one name apart (semaphore permits) and makes the release refuse a
+    lock that changed hands; an unreadable value has token 0.
+    """
     return f"{info.fencing_token}:{info.name}"
 
 
 def parse_selection(values: Iterable[str]) -> list[tuple[int, str]]:
-    """``[(token, name)]`` from checkbox values; malformed values are ignored."""
-    selected: dict[str, int] = {}
+    """``[(token, name)]`` from checkbox values, each pair once; malformed values are ignored."""
+    selected: dict[tuple[int, str], None] = {}
     for value in values:
         token, sep, name = value.partition(":")
-        if sep and name and token.isdigit() and int(token) > 0:
-            selected.setdefault(name, int(token))
-    return [(token, name) for name, token in selected.items()]
+        if sep and name and token.isdigit():
+            selected.setdefault((int(token), name))
+    return list(selected)
+
+
+def holder_text(info: LockInfo) -> str:
+    """Who holds a lock, as one line: worker ``host · pid · thread``, or who queued the task."""
+    if info.unreadable:
+        return _("unreadable value")
+    if info.queued:
+        publisher = " · ".join(str(part) for part in (info.host, info.pid) if part)
+        return _("queued — published by %(publisher)s") % {"publisher": publisher or "?"}
+    return " · ".join(str(part) for part in (info.host, info.pid, info.thread) if part)
+
+
+def audit_text(info: LockInfo) -> str:
+    """The holder as the ``LogEntry`` records it (in English: audit logs are read by tools)."""
+    if info.unreadable:
+        return (
+            f"Force-released an unreadable value (not a lock record; starts {info.raw_excerpt!r})."
+        )
+    if info.queued:
+        holder = (
+            f"held for queued Celery task {info.task_id}, published by {info.host} pid {info.pid}"
+        )
+    else:
+        task = f", Celery task {info.task_id}" if info.task_id else ""
+        holder = f"held by {info.host} pid {info.pid} thread {info.thread}{task}"
+    return (
+        f"Force-released lock (fencing token {info.fencing_token}, {holder}, "
+        f"for {info.held_for:.1f} s)."
+    )
 
 
 @dataclass(frozen=True)
@@ -116,12 +160,11 @@ class Row:
 
     @property
     def holder(self) -> str:
-        info = self.info
-        return " · ".join(str(part) for part in (info.host, info.pid, info.thread) if part)
+        return holder_text(self.info)
 
     @property
     def held_for(self) -> str:
-        return duration(self.info.held_for)
+        return "-" if self.info.unreadable else duration(self.info.held_for)
 
     @property
     def expires_in(self) -> str:
@@ -146,14 +189,13 @@ class Candidate:
 
     @property
     def holder(self) -> str:
-        if self.current is None:
-            return ""
-        info = self.current
-        return " · ".join(str(part) for part in (info.host, info.pid, info.thread) if part)
+        return "" if self.current is None else holder_text(self.current)
 
     @property
     def held_for(self) -> str:
-        return duration(self.current.held_for) if self.current else "-"
+        if self.current is None or self.current.unreadable:
+            return "-"
+        return duration(self.current.held_for)
 
 
 class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -234,6 +276,7 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "statistics_url": self._url("statistics"),
             "has_force_release_permission": self.has_force_release_permission(request),
             "action_name": ACTION_NAME,
+            "problem": None,
             **extra,
         }
 
@@ -243,6 +286,9 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         request.current_app = self.admin_site.name
         return TemplateResponse(request, template, context, status=status)
 
+    def _problem(self, exc: LockBackendError) -> BackendProblem:
+        return backend_problem(exc, using=self.using)
+
     # -- list -----------------------------------------------------------------------------------
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -250,115 +296,62 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         self._require(self.has_view_permission(request))
         if request.method == "POST":
             return self.action_view(request)
+        title = capfirst(self.opts.verbose_name_plural)
         query = request.GET.get("q", "")
-        match = name_glob(query)
         sort = request.GET.get("o") if request.GET.get("o") in SORTS else None
         refresh = _int(request.GET.get("refresh"))
         refresh = refresh if refresh in REFRESH_CHOICES else None
-        error = None
-        next_url = None
-        page = max(_int(request.GET.get("p")) or 1, 1)
-        truncated = False
         try:
-            if sort is None:
-                cursor = max(_int(request.GET.get("cursor")) or 0, 0)
-                infos, next_cursor = self.scan_page(match, cursor)
-                if next_cursor:
-                    next_url = self._query(request, cursor=next_cursor, p=page + 1)
-            else:
-                infos, more, truncated = self.sorted_page(match, sort, page)
-                if more:
-                    next_url = self._query(request, p=page + 1, cursor=None)
+            page = page_locks(
+                match=name_glob(query),
+                sort=sort,
+                cursor=max(_int(request.GET.get("cursor")) or 0, 0),
+                page=max(_int(request.GET.get("p")) or 1, 1),
+                per_page=self.list_per_page,
+                using=self.using,
+                scan_count_max=self.scan_count_max,
+                sort_limit=self.sort_limit,
+            )
         except LockBackendError as exc:
-            infos, error = [], str(exc)
-        rows = [Row(info, self.detail_url(info.name)) for info in infos]
-        first = (page - 1) * self.list_per_page + 1 if sort else None
-        headers = [
-            self._sort_header(request, label, key, sort)
+            context = self._context(request, title, problem=self._problem(exc), refresh=refresh)
+            return self._render(request, self.list_template, context)
+        next_url = None
+        if page.has_next and sort:
+            next_url = self._query(request, p=page.number + 1, cursor=None)
+        elif page.has_next:
+            next_url = self._query(request, cursor=page.next_cursor, p=page.number + 1)
+        headers = {
+            key: self._sort_header(request, label, key, sort)
             for label, key in (
+                (gettext_lazy("name"), "name"),
                 (gettext_lazy("held for"), "held"),
                 (gettext_lazy("expires in"), "expires"),
             )
-        ]
+        }
         context = self._context(
             request,
-            capfirst(self.opts.verbose_name_plural),
-            rows=rows,
+            title,
+            rows=[Row(info, self.detail_url(info.name)) for info in page.infos],
+            page=page,
             query=query,
             sort=sort,
-            page=page,
-            first=first,
-            error=error,
             next_url=next_url,
-            truncated=truncated,
             sort_limit=self.sort_limit,
-            first_url=self._query(request, cursor=None, p=None) if page > 1 else None,
-            previous_url=(self._query(request, p=page - 1) if sort and page > 1 else None),
+            first_url=self._query(request, cursor=None, p=None) if page.has_previous else None,
+            previous_url=(
+                self._query(request, p=page.number - 1) if sort and page.has_previous else None
+            ),
             refresh=refresh,
             refresh_choices=REFRESH_CHOICES,
             refresh_urls=[(s, self._query(request, refresh=s)) for s in REFRESH_CHOICES],
             refresh_off_url=self._query(request, refresh=None),
-            held_header=headers[0],
-            expires_header=headers[1],
+            name_header=headers["name"],
+            held_header=headers["held"],
+            expires_header=headers["expires"],
             preserved=[(k, v) for k, v in request.GET.items() if k in ("o", "refresh")],
             **(extra_context or {}),
         )
         return self._render(request, self.list_template, context)
-
-    def scan_page(self, match: str | None, cursor: int) -> tuple[list[LockInfo], int]:
-        """At least ``list_per_page`` locks (unless fewer remain) from ``cursor`` on, in SCAN order.
-
-        Each SCAN step's COUNT doubles while steps come back sparse (a namespace holds many
-        more fence counters than live locks), capped by ``scan_count_max``.
-        """
-        found: dict[str, LockInfo] = {}
-        count = self.list_per_page
-        while True:
-            cursor, infos = lock_page(cursor=cursor, match=match, count=count, using=self.using)
-            for info in infos:
-                found.setdefault(info.name, info)
-            if cursor == 0 or len(found) >= self.list_per_page:
-                return list(found.values()), cursor
-            if len(infos) < count // 4:
-                count = min(count * 2, self.scan_count_max)
-
-    def sorted_page(
-        self, match: str | None, sort: str, page: int
-    ) -> tuple[list[LockInfo], bool, bool]:
-        """Page ``page`` of every lock sorted by ``sort``: ``(infos, more, truncated)``.
-
-        Reads every lock (up to ``sort_limit``) but keeps only the ``page * list_per_page`` best
-        in a heap (plus a set of names seen, as SCAN may repeat one).
-        """
-        key, descending = SORTS[sort]
-        wanted = page * self.list_per_page + 1
-        scanned = 0
-        truncated = False
-
-        def limited() -> Iterable[LockInfo]:
-            nonlocal scanned, truncated
-            seen: set[str] = set()
-            cursor = 0
-            while True:
-                cursor, infos = lock_page(
-                    cursor=cursor, match=match, count=self.scan_count_max, using=self.using
-                )
-                for info in infos:
-                    if info.name in seen:
-                        continue
-                    if scanned >= self.sort_limit:
-                        truncated = True
-                        return
-                    seen.add(info.name)
-                    scanned += 1
-                    yield info
-                if cursor == 0:
-                    return
-
-        pick = heapq.nlargest if descending else heapq.nsmallest
-        best = pick(wanted, limited(), key=key)
-        start = (page - 1) * self.list_per_page
-        return best[start : start + self.list_per_page], len(best) == wanted, truncated
 
     def _query(self, request: HttpRequest, **changes: Any) -> str:
         params = {k: v for k, v in request.GET.items()}
@@ -411,11 +404,11 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ) -> HttpResponse:
         try:
             candidates = [
-                Candidate(name, token, get_lock_info(name, using=self.using))
+                Candidate(name, token, _holder_with(lock_holders(name, using=self.using), token))
                 for token, name in selected
             ]
         except LockBackendError as exc:
-            self.message_user(request, str(exc), messages.ERROR)
+            self.message_user(request, self._unreachable_message(exc), messages.ERROR)
             return HttpResponseRedirect(self._url("changelist"))
         releasable = [c for c in candidates if c.unchanged]
         context = self._context(
@@ -431,22 +424,21 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def release_selected(
         self, request: HttpRequest, selected: list[tuple[int, str]]
     ) -> HttpResponse:
+        """Release each ``(token, name)``; the audit record describes exactly what was released."""
         released: list[str] = []
         skipped: list[str] = []
         content_type = ContentType.objects.get_for_model(self.model, for_concrete_model=False)
         try:
             for token, name in selected:
-                before = get_lock_info(name, using=self.using)
-                if before is None or before.fencing_token != token:
-                    skipped.append(name)
-                    continue
-                if not force_release(name, token=token, using=self.using):
+                gone = force_release_info(name, token=token, using=self.using)
+                if not gone:
                     skipped.append(name)
                     continue
                 released.append(name)
-                self.log_force_release(request, content_type, before)
+                for info in gone:
+                    self.log_force_release(request, content_type, info)
         except LockBackendError as exc:
-            self.message_user(request, str(exc), messages.ERROR)
+            self.message_user(request, self._unreachable_message(exc), messages.ERROR)
         if released:
             self.message_user(
                 request,
@@ -473,21 +465,37 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             )
         return HttpResponseRedirect(self._url("changelist"))
 
+    def _unreachable_message(self, exc: LockBackendError) -> str:
+        problem = self._problem(exc)
+        values = {"alias": problem.alias, "location": problem.location, "detail": problem.detail}
+        if problem.unreachable:
+            return (
+                _(
+                    "Redis is unreachable (cache “%(alias)s” at %(location)s), so no lock was "
+                    "released or changed. Check that the Redis server is running and reachable "
+                    "from this web server, then try again. (%(detail)s)"
+                )
+                % values
+            )
+        return (
+            _(
+                "Redis answered an error (cache “%(alias)s” at %(location)s), so no lock was "
+                "released or changed: %(detail)s"
+            )
+            % values
+        )
+
     def log_force_release(
         self, request: HttpRequest, content_type: ContentType, info: LockInfo
     ) -> LogEntry:
         """The audit record: who released which lock, and who held it (in English, for logs)."""
-        task = f", Celery task {info.task_id}" if info.task_id else ""
         entry: LogEntry = LogEntry.objects.create(
             user_id=request.user.pk,
             content_type_id=content_type.pk,
             object_id=info.name,
             object_repr=info.name[:200],
             action_flag=DELETION,
-            change_message=(
-                f"Force-released lock (fencing token {info.fencing_token}, held by {info.host} "
-                f"pid {info.pid} thread {info.thread}{task}, for {info.held_for:.1f} s)."
-            ),
+            change_message=audit_text(info),
         )
         return entry
 
@@ -496,39 +504,50 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         self._require(self.has_view_permission(request))
         name = unquote(object_id)
         try:
-            info = get_lock_info(name, using=self.using)
+            holders = lock_holders(name, using=self.using)
             figures = stats.get_stats(name, using=self.using)
         except LockBackendError as exc:
-            info, figures = None, None
-            self.message_user(request, str(exc), messages.ERROR)
+            context = self._context(request, name, lock_name=name, problem=self._problem(exc))
+            return self._render(request, self.detail_template, context)
+        rows = [Row(info, "") for info in holders]
         context = self._context(
             request,
             name,
             lock_name=name,
-            info=info,
-            row=Row(info, "") if info else None,
+            rows=rows,
+            # One holder for a lock; kept for templates that show a single one.
+            info=holders[0] if holders else None,
+            row=rows[0] if rows else None,
             stats=figures,
             stats_rows=[StatsRow(figures)] if figures else [],
             action_checkbox_name=ACTION_CHECKBOX_NAME,
         )
-        return self._render(request, self.detail_template, context, status=200 if info else 404)
+        return self._render(request, self.detail_template, context, status=200 if rows else 404)
 
     def statistics_view(self, request: HttpRequest) -> HttpResponse:
         self._require(self.has_view_permission(request))
-        error = None
+        title = _("Lock statistics")
         try:
             found = itertools.islice(stats.iter_stats(using=self.using), self.stats_limit)
             rows = sorted(found, key=lambda s: s.name)
         except LockBackendError as exc:
-            rows, error = [], str(exc)
+            context = self._context(request, title, problem=self._problem(exc))
+            return self._render(request, self.stats_template, context)
         context = self._context(
             request,
-            _("Lock statistics"),
+            title,
             rows=[StatsRow(s) for s in rows],
-            error=error,
             stats_ttl_hours=stats.STATS_TTL // 3600,
         )
         return self._render(request, self.stats_template, context)
+
+
+def _holder_with(holders: list[LockInfo], token: int) -> LockInfo | None:
+    """The holder with ``token``, else the first (to show who holds the name now), else None."""
+    for info in holders:
+        if info.fencing_token == token:
+            return info
+    return holders[0] if holders else None
 
 
 @dataclass(frozen=True)

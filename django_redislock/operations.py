@@ -1,20 +1,46 @@
-"""Inspection and operator actions: ``list_locks``, ``get_lock_info``, ``force_release``.
+"""Inspection and operator actions: listing, paging, sorting and force-releasing locks.
 
-The admin pages and the ``redislock`` management command are built on exactly these functions.
+The admin pages and the ``redislock`` management command are built on exactly these functions,
+so a page and a command line never disagree about what is held, in which order, or what a force
+release released.
+
+Several :class:`LockInfo` may share a name (one per held permit of a semaphore), so everything
+here identifies a holder by ``(name, fencing_token)``, never by name alone.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
+import heapq
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from redis import exceptions as redis_errors
 
 from django_redislock import client as redis_client
 from django_redislock import connection, scripts, signals
+from django_redislock.conf import get_settings
+from django_redislock.exceptions import LockBackendError
 from django_redislock.keys import KeySpace, keyspace
-from django_redislock.records import LockRecord
+from django_redislock.records import LockRecord, parse_record
 
-__all__ = ["LockInfo", "force_release", "get_lock_info", "list_locks", "lock_page"]
+__all__ = [
+    "SORTS",
+    "BackendProblem",
+    "LockInfo",
+    "LockPage",
+    "backend_problem",
+    "describe_holder",
+    "force_release",
+    "force_release_info",
+    "get_lock_info",
+    "list_locks",
+    "lock_holders",
+    "lock_page",
+    "page_locks",
+]
 
 
 @dataclass(frozen=True)
@@ -39,16 +65,24 @@ class LockInfo:
     #: are the publisher's. Once a worker runs the task they are the worker's.
     queued: bool = False
     #: The stored value is not a record this version can read (written by something else, or
-    #: corrupted): the holder fields are empty, and it can still be force-released.
+    #: corrupted): the holder fields are empty, ``fencing_token`` is 0, and it can still be
+    #: force-released (with ``token=0`` or no token).
     unreadable: bool = False
+    #: The start of an unreadable value, for operators ("" for a readable record).
+    raw_excerpt: str = ""
 
     @property
     def held_for(self) -> float:
         """Seconds since acquisition, by this machine's clock."""
         return max(0.0, (dt.datetime.now(dt.timezone.utc) - self.acquired_at).total_seconds())
 
+    @property
+    def expires(self) -> bool:
+        """Whether the value has a lease (only something else writes values without one)."""
+        return self.expires_in != float("inf")
+
     def as_dict(self) -> dict[str, object]:
-        """JSON-ready fields (``acquired_at`` as ISO 8601)."""
+        """JSON-ready fields (``acquired_at`` as ISO 8601; ``expires_in`` ``None``: never)."""
         return {
             "name": self.name,
             "owner": self.owner,
@@ -59,12 +93,33 @@ class LockInfo:
             "fencing_token": self.fencing_token,
             "hold_count": self.hold_count,
             "acquired_at": self.acquired_at.isoformat(),
-            "expires_in": self.expires_in,
+            # JSON has no infinity; null says "no lease" without breaking strict parsers.
+            "expires_in": self.expires_in if self.expires else None,
             "kind": self.kind,
             "permits": self.permits,
             "queued": self.queued,
             "unreadable": self.unreadable,
+            "raw_excerpt": self.raw_excerpt,
         }
+
+
+def describe_holder(info: LockInfo) -> str:
+    """Who holds a lock, as one plain line for terminals and logs.
+
+    The worker running it (``host pid N thread T``), or for a Celery task no worker has started
+    yet, who published it; an unreadable value has no holder.
+    """
+    if info.unreadable:
+        return f"nobody: the value is not a lock record (it starts {info.raw_excerpt!r})"
+    if info.queued:
+        return (
+            f"Celery task {info.task_id}, queued (published by {info.host} pid {info.pid}), "
+            f"fencing token {info.fencing_token}"
+        )
+    task = f", Celery task {info.task_id}" if info.task_id else ""
+    return (
+        f"{info.host} pid {info.pid} thread {info.thread}{task}, fencing token {info.fencing_token}"
+    )
 
 
 def _info(keys: KeySpace, record: LockRecord) -> LockInfo:
@@ -88,7 +143,16 @@ def _info(keys: KeySpace, record: LockRecord) -> LockInfo:
         expires_in=record.pttl_ms / 1000 if record.pttl_ms >= 0 else float("inf"),
         queued=bool(meta.get("queued")),
         unreadable=record.unreadable,
+        raw_excerpt=record.raw_excerpt,
     )
+
+
+def _identity(info: LockInfo) -> tuple[str, int]:
+    """What tells two holders apart: a semaphore has several per name, each with its token."""
+    return info.name, info.fencing_token
+
+
+# -- reading ---------------------------------------------------------------------------------------
 
 
 def lock_page(
@@ -97,7 +161,7 @@ def lock_page(
     """One SCAN step of active locks: ``(next_cursor, infos)``; ``next_cursor == 0`` when done.
 
     Two round trips whatever the page size (SCAN, then one pipeline of GET+PTTL). SCAN may
-    return a key twice across pages; callers that need uniqueness dedupe by name.
+    return a key twice across steps; :func:`page_locks` and :func:`list_locks` dedupe.
     """
     client = connection.get_client(using)
     keys = keyspace(using)
@@ -111,13 +175,13 @@ def lock_page(
 
 def list_locks(*, match: str | None = None, using: str | None = None) -> Iterator[LockInfo]:
     """Every active lock (``SCAN``, never ``KEYS``); ``match`` is a glob on the lock name."""
-    seen: set[str] = set()
+    seen: set[tuple[str, int]] = set()
     cursor = 0
     while True:
         cursor, infos = lock_page(cursor=cursor, match=match, using=using)
         for info in infos:
-            if info.name not in seen:
-                seen.add(info.name)
+            if _identity(info) not in seen:
+                seen.add(_identity(info))
                 yield info
         if cursor == 0:
             return
@@ -132,12 +196,155 @@ def get_lock_info(name: str, *, using: str | None = None) -> LockInfo | None:
     return None if record is None else _info(keys, record)
 
 
-def force_release(name: str, *, token: int | None = None, using: str | None = None) -> bool:
-    """Delete a lock whoever holds it, and hand it to the next waiter.
+def lock_holders(name: str, *, using: str | None = None) -> list[LockInfo]:
+    """Every holder of ``name``: one entry for a lock, one per held permit of a semaphore."""
+    info = get_lock_info(name, using=using)
+    return [] if info is None else [info]
 
-    With ``token``, only a lock whose current fencing token equals it is released, so a lock that
-    changed hands since an operator looked at it is left alone. Returns whether a lock was
-    released. The former holder finds out at its next renewal (``lost``) or release.
+
+# -- paging and sorting ----------------------------------------------------------------------------
+
+#: ``sort`` values of :func:`page_locks`: the key, and whether the order is descending.
+#: "held" sorts by time held, shortest first, i.e. on ``acquired_at`` (no clock reading per lock);
+#: "expires" is soonest first, a value without a lease last; "-" reverses.
+SORTS: dict[str, tuple[Callable[[LockInfo], Any], bool]] = {
+    "name": (lambda info: (info.name, info.fencing_token), False),
+    "-name": (lambda info: (info.name, info.fencing_token), True),
+    "expires": (lambda info: info.expires_in, False),
+    "-expires": (lambda info: info.expires_in, True),
+    "held": (lambda info: info.acquired_at, True),
+    "-held": (lambda info: info.acquired_at, False),
+}
+
+
+@dataclass(frozen=True)
+class LockPage:
+    """One page of active locks, as the admin list and ``manage.py redislock list`` show them.
+
+    Unsorted pages follow ``SCAN`` (``next_cursor`` continues where this page ended); sorted
+    pages are numbered (``number``), since a sort needs every lock anyway.
+    """
+
+    infos: list[LockInfo]
+    sort: str | None
+    #: 1-based page number (unsorted pages are numbered too, for display).
+    number: int
+    #: Locks per page asked for (``None``: everything on one page).
+    per_page: int | None
+    #: Unsorted: the SCAN cursor the next page starts from (0: this is the last page).
+    next_cursor: int
+    has_next: bool
+    #: Sorted: more locks exist than ``sort_limit``; the order is among the first ones only.
+    truncated: bool = False
+
+    @property
+    def has_previous(self) -> bool:
+        return self.number > 1
+
+    @property
+    def first_index(self) -> int:
+        """1-based position of the page's first lock in a sorted listing."""
+        return (self.number - 1) * (self.per_page or 0) + 1
+
+
+def page_locks(
+    *,
+    match: str | None = None,
+    sort: str | None = None,
+    cursor: int = 0,
+    page: int = 1,
+    per_page: int | None = 100,
+    using: str | None = None,
+    scan_count_max: int = 5000,
+    sort_limit: int = 200_000,
+) -> LockPage:
+    """One page of active locks matching ``match`` (a glob on the name).
+
+    Without ``sort``: at least ``per_page`` locks (unless fewer remain) in SCAN order from
+    ``cursor`` on; the first page costs a few round trips however many locks exist. A page may
+    hold a few more than ``per_page``, as a SCAN step cannot be cut short.
+
+    With ``sort`` (a key of :data:`SORTS`): page ``page`` of every lock in that order. This reads
+    every lock (at most ``sort_limit``, beyond which ``truncated`` is set) but keeps only the
+    ``page * per_page`` best in a heap. ``per_page=None`` puts everything on one page.
+    """
+    if sort is not None and sort not in SORTS:
+        raise ValueError(f"sort must be one of {', '.join(SORTS)} or None, not {sort!r}")
+    page = max(page, 1)
+    if sort is None:
+        infos, next_cursor = _scan_page(match, max(cursor, 0), per_page, using, scan_count_max)
+        return LockPage(infos, None, page, per_page, next_cursor, has_next=next_cursor != 0)
+    key, descending = SORTS[sort]
+    truncated = False
+
+    def limited() -> Iterator[LockInfo]:
+        nonlocal truncated
+        seen: set[tuple[str, int]] = set()
+        step = 0
+        while True:
+            step, infos = lock_page(cursor=step, match=match, count=scan_count_max, using=using)
+            for info in infos:
+                if _identity(info) in seen:
+                    continue
+                if len(seen) >= sort_limit:
+                    truncated = True
+                    return
+                seen.add(_identity(info))
+                yield info
+            if step == 0:
+                return
+
+    if per_page is None:
+        best = sorted(limited(), key=key, reverse=descending)
+        return LockPage(best, sort, 1, None, 0, has_next=False, truncated=truncated)
+    wanted = page * per_page + 1
+    pick = heapq.nlargest if descending else heapq.nsmallest
+    best = pick(wanted, limited(), key=key)
+    start = (page - 1) * per_page
+    return LockPage(
+        best[start : start + per_page],
+        sort,
+        page,
+        per_page,
+        0,
+        has_next=len(best) == wanted,
+        truncated=truncated,
+    )
+
+
+def _scan_page(
+    match: str | None, cursor: int, per_page: int | None, using: str | None, count_max: int
+) -> tuple[list[LockInfo], int]:
+    """Locks from ``cursor`` on until ``per_page`` are found: ``(infos, next_cursor)``.
+
+    Each SCAN step's COUNT doubles while steps come back sparse (a namespace holds many more
+    fence counters than live locks), capped by ``count_max``.
+    """
+    found: dict[tuple[str, int], LockInfo] = {}
+    count = min(per_page or count_max, count_max)
+    while True:
+        cursor, infos = lock_page(cursor=cursor, match=match, count=count, using=using)
+        for info in infos:
+            found.setdefault(_identity(info), info)
+        if cursor == 0 or (per_page is not None and len(found) >= per_page):
+            return list(found.values()), cursor
+        if len(infos) < count // 4:
+            count = min(count * 2, count_max)
+
+
+# -- force release ---------------------------------------------------------------------------------
+
+
+def force_release_info(
+    name: str, *, token: int | None = None, using: str | None = None
+) -> list[LockInfo]:
+    """Delete a lock whoever holds it, hand it to the next waiter, and say what was released.
+
+    With ``token``, only a holder whose current fencing token equals it is released, so a lock
+    that changed hands since an operator looked at it is left alone (``token=0`` matches an
+    unreadable value). Returns the released holders as the release script saw them — one for a
+    lock, empty when nothing was released — so a report of "who held it" can never describe a
+    holder other than the one released. Their ``expires_in`` is 0: they are gone.
     """
     if not isinstance(name, str) or not name:
         raise ValueError("name must be a non-empty string")
@@ -158,8 +365,85 @@ def force_release(name: str, *, token: int | None = None, using: str | None = No
                 int(CLAIM_WINDOW * 1000),
             ],
         )
-    released, current = reply[0], reply[1]
+    released, current = int(reply[0]), int(reply[1])
     signals.lock_force_released.send_robust(
-        None, name=name, token=int(current) or None, using=using, released=bool(released)
+        None, name=name, token=current or None, using=using, released=bool(released)
     )
-    return bool(released)
+    if not released:
+        return []
+    return [_info(keys, parse_record(keys.lock(name), reply[2], 0))]
+
+
+def force_release(name: str, *, token: int | None = None, using: str | None = None) -> bool:
+    """Delete a lock whoever holds it, and hand it to the next waiter.
+
+    With ``token``, only a lock whose current fencing token equals it is released, so a lock that
+    changed hands since an operator looked at it is left alone. Returns whether a lock was
+    released. The former holder finds out at its next renewal (``lost``) or release.
+    """
+    return bool(force_release_info(name, token=token, using=using))
+
+
+# -- when Redis fails ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BackendProblem:
+    """What an operator needs to fix a failed Redis call: where, what happened, what to check."""
+
+    #: The ``CACHES`` alias the locks are read from.
+    alias: str
+    #: Its ``LOCATION``, with any password masked.
+    location: str
+    #: Connection refused, timed out, pool exhausted (as opposed to Redis answering an error).
+    unreachable: bool
+    #: What redis-py said.
+    detail: str
+
+    def summary(self) -> str:
+        """One line for a terminal or a log."""
+        where = f"cache {self.alias!r} at {self.location}" if self.location else repr(self.alias)
+        if self.unreachable:
+            return (
+                f"Redis is unreachable ({where}): {self.detail}. Check that the Redis server is "
+                f"running and reachable from this machine, and CACHES[{self.alias!r}]['LOCATION']."
+            )
+        return f"Redis answered an error ({where}): {self.detail}"
+
+
+def backend_problem(exc: LockBackendError, *, using: str | None = None) -> BackendProblem:
+    """Describe a :class:`LockBackendError` for the cache ``using`` (default: the setting)."""
+    alias = using or get_settings().cache
+    cause = exc.__cause__
+    unreachable = isinstance(cause, (redis_errors.ConnectionError, redis_errors.TimeoutError))
+    detail = str(cause) if cause is not None else str(exc)
+    return BackendProblem(
+        alias=alias,
+        location=_masked_location(alias),
+        unreachable=unreachable,
+        detail=" ".join(detail.split()).rstrip("."),
+    )
+
+
+def _masked_location(alias: str) -> str:
+    from django.conf import settings
+
+    caches: dict[str, dict[str, Any]] = getattr(settings, "CACHES", {})
+    location = (caches.get(alias) or {}).get("LOCATION") or ""
+    locations = [location] if isinstance(location, str) else list(location)
+    return ", ".join(_mask_password(str(url)) for url in locations)
+
+
+def _mask_password(url: str) -> str:
+    """``redis://user:secret@host`` -> ``redis://user:***@host`` (pages and logs show it)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +19,8 @@ from django.urls import reverse
 
 from django_redislock import Lock, LockNotOwnedError, get_lock_info, stats
 from django_redislock.admin import LockAdmin, name_glob, parse_selection
-from tests.conftest import hold
+from django_redislock.keys import keyspace
+from tests.conftest import hold, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -91,7 +93,32 @@ def release_post(name: str, token: object, *, confirmed: bool) -> dict[str, obje
 
 def texts(html: str) -> str:
     """The page's text with tags dropped and whitespace squeezed (for readable asserts)."""
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html)).replace("&amp;", "&")
+
+
+def cells(html: str, *, has: str) -> list[str]:
+    """The text of each cell of the first table row containing ``has``."""
+    for row in re.findall(r"<tr[^>]*>.*?</tr>", html, flags=re.S):
+        if has in row:
+            return [
+                texts(cell).strip()
+                for cell in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row, flags=re.S)
+            ]
+    raise AssertionError(f"no table row contains {has!r}")
+
+
+def names_listed(html: str) -> list[str]:
+    return re.findall(r'<th class="field-name"><a href="[^"]*">([^<]+)</a>', html)
+
+
+DEAD_CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": "redis://127.0.0.1:1/0",
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5},
+    }
+}
+GARBAGE = b"\xff\xfe garbage"
 
 
 # -- access control -----------------------------------------------------------------------------
@@ -252,20 +279,24 @@ def test_search_by_glob_and_by_substring(viewer, take):
     )
 
 
-def test_sort_by_expiry_and_by_held_for(viewer, take):
+def test_sort_by_expiry_by_held_for_and_by_name(viewer, take):
+    previous = None
     for name, timeout in (("a", 30), ("b", 10), ("c", 20)):
+        if previous is not None:  # acquisitions must be apart by the record's ms resolution
+            wait_for(lambda p=previous: p.held_for >= 0.002, what="the clock to move on")
         take(name, timeout=timeout)
-        time.sleep(0.02)
+        previous = get_lock_info(name)
     client = logged_in(viewer)
 
     def order(sort: str) -> list[str]:
-        html = client.get(list_url(o=sort)).content.decode()
-        return re.findall(r'<th class="field-name"><a href="[^"]*">([^<]+)</a>', html)
+        return names_listed(client.get(list_url(o=sort)).content.decode())
 
     assert order("expires") == ["b", "c", "a"]
     assert order("-expires") == ["a", "c", "b"]
     assert order("-held") == ["a", "b", "c"]
     assert order("held") == ["c", "b", "a"]
+    assert order("name") == ["a", "b", "c"]
+    assert order("-name") == ["c", "b", "a"]
 
 
 def test_cursor_pagination_visits_every_lock_once(viewer, monkeypatch, take):
@@ -327,18 +358,149 @@ def test_list_follows_redislock_cache_setting(viewer, take):
 
 
 def test_redis_down_shows_an_error_not_a_crash(viewer):
-    caches = {
-        "default": {
-            "BACKEND": "django_redis.cache.RedisCache",
-            "LOCATION": "redis://127.0.0.1:1/0",
-            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5},
-        }
-    }
-    with override_settings(CACHES=caches):
+    with override_settings(CACHES=DEAD_CACHES):
         response = logged_in(viewer).get(list_url())
     assert response.status_code == 200
     assert 'class="errornote"' in response.content.decode()
     assert "unreachable" in response.content.decode()
+
+
+def test_an_empty_list_says_so_once_without_counts(viewer):
+    text = texts(logged_in(viewer).get(list_url()).content.decode())
+    assert text.count("No lock is held right now.") == 1
+    assert "on this page" not in text
+
+
+def test_owner_of_a_task_lock_is_the_worker_and_the_task(viewer, take):
+    take("sync:1", task_id="task-run")
+    info = get_lock_info("sync:1")
+    html = logged_in(viewer).get(list_url()).content.decode()
+    row = cells(html, has="sync:1")
+    assert row[1:3] == [f"{info.host} · {info.pid} · {info.thread}", "task-run"]
+
+
+def test_owner_of_a_queued_task_is_who_published_it(viewer, take):
+    take("sync:2", task_id="task-queued", queued=True)
+    info = get_lock_info("sync:2")
+    client = logged_in(viewer)
+    row = cells(client.get(list_url()).content.decode(), has="sync:2")
+    assert row[1:3] == [f"queued — published by {info.host} · {info.pid}", "task-queued"]
+    detail = texts(client.get(detail_url("sync:2")).content.decode())
+    assert (
+        f"Held by queued — published by {info.host} · {info.pid} "
+        "(no worker has started the task yet)" in detail
+    )
+    assert "Celery task id task-queued" in detail
+
+
+@pytest.mark.parametrize("ttl_ms", [60_000, None], ids=["with-ttl", "without-ttl"])
+def test_an_unreadable_value_is_a_row_of_its_own(viewer, take, redis_client, ttl_ms):
+    take("fine")
+    redis_client.set(keyspace().lock("broken"), GARBAGE, px=ttl_ms)
+    client = logged_in(viewer)
+    response = client.get(list_url())
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert set(names_listed(html)) == {"fine", "broken"}
+    row = cells(html, has=">broken<")
+    assert row[1] == "unreadable value \ufffd\ufffd garbage"
+    assert row[2:5] == ["-", "-", "-"]  # no task, no token, no hold count
+    assert row[5] == "-"  # held for: unknown
+    if ttl_ms is None:
+        assert row[6] == "never"
+    else:
+        assert row[6].endswith(" s") and row[6] != "never"
+    for sort in ("expires", "-held", "name"):
+        assert set(names_listed(client.get(list_url(o=sort)).content.decode())) == {
+            "fine",
+            "broken",
+        }
+
+
+def test_detail_of_an_unreadable_value(operator, redis_client):
+    redis_client.set(keyspace().lock("broken"), GARBAGE)
+    response = logged_in(operator).get(detail_url("broken"))
+    assert response.status_code == 200
+    text = texts(response.content.decode())
+    assert "Value unreadable: not a lock record" in text
+    assert "Value starts with \ufffd\ufffd garbage" in text
+    assert "Expires in never" in text
+    assert 'value="0:broken"' in response.content.decode()  # force release offered
+
+
+def test_force_release_of_an_unreadable_value(operator, redis_client):
+    key = keyspace().lock("broken")
+    redis_client.set(key, GARBAGE, px=60_000)
+    client = logged_in(operator)
+    confirm = client.post(list_url(), release_post("broken", 0, confirmed=False))
+    assert confirm.status_code == 200
+    assert cells(confirm.content.decode(), has='class="release-candidate"')[:2] == [
+        "broken",
+        "unreadable value \ufffd\ufffd garbage",
+    ]
+    done = client.post(list_url(), release_post("broken", 0, confirmed=True), follow=True)
+    assert "Force-released 1 lock: broken." in texts(done.content.decode())
+    assert not redis_client.exists(key)
+    entry = LogEntry.objects.get()
+    assert entry.object_id == "broken"
+    assert "unreadable value" in entry.change_message and "garbage" in entry.change_message
+
+
+def test_token_0_never_releases_a_real_lock(operator, take):
+    lock = take("real")
+    client = logged_in(operator)
+    client.post(list_url(), release_post("real", 0, confirmed=True))
+    assert lock.owned()
+    assert not LogEntry.objects.exists()
+
+
+# -- Redis down -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [list_url(), detail_url("job"), reverse("admin:django_redislock_lock_statistics")],
+    ids=["list", "detail", "statistics"],
+)
+def test_redis_down_is_one_clear_error_panel(viewer, url):
+    with override_settings(CACHES=DEAD_CACHES):
+        response = logged_in(viewer).get(url)
+    assert response.status_code == 200
+    html = response.content.decode()
+    text = texts(html)
+    assert html.count('id="redis-problem"') == 1
+    assert "Redis is unreachable: locks cannot be shown or changed until it answers again." in text
+    assert "Cache alias default Location redis://127.0.0.1:1/0 Error " in text
+    assert 'CACHES["default"]["LOCATION"]' in text
+    for misleading in (
+        "No lock is held right now",
+        "on this page",
+        "No lock named",
+        "No statistics recorded",
+        "the lock was not taken or changed by this call",
+        'id="result_list"',
+        'id="changelist-search"',
+    ):
+        assert misleading not in text and misleading not in html, misleading
+
+
+def test_force_release_with_redis_down_changes_nothing_and_says_why(operator, take):
+    lock = take("job")
+    client = logged_in(operator)
+    for confirmed in (False, True):
+        with override_settings(CACHES=DEAD_CACHES):
+            response = client.post(
+                list_url(), release_post("job", lock.fencing_token, confirmed=confirmed)
+            )
+            assert response.status_code == 302 and response["Location"] == list_url()
+            page = texts(client.get(list_url()).content.decode())
+        assert (
+            "Redis is unreachable (cache “default” at redis://127.0.0.1:1/0), so no lock was "
+            "released or changed." in page
+        )
+        assert "Force-released" not in page
+        assert lock.owned()
+    assert not LogEntry.objects.exists()
 
 
 # -- force release --------------------------------------------------------------------------------
@@ -353,8 +515,13 @@ def test_confirmation_page_shows_what_will_be_released_and_who_holds_it(operator
     html = response.content.decode()
     text = texts(html)
     assert "Are you sure you want to force-release this lock?" in text
-    assert f"job · {info['pid']} · MainThread" not in text  # holder is host · pid · thread
-    assert f" · {info['pid']} · MainThread {'-'} {info['token']}" in text
+    assert cells(html, has='class="release-candidate"') == [
+        "job",
+        f"{socket.gethostname()} · {info['pid']} · MainThread",  # host · pid · thread
+        "-",  # no Celery task
+        str(info["token"]),
+        cells(html, has='class="release-candidate"')[4],  # held for: whatever the clock says
+    ]
     assert f'value="{info["token"]}:job"' in html and 'name="post" value="yes"' in html
     assert get_lock_info("job").fencing_token == info["token"]  # nothing released yet
     assert not LogEntry.objects.exists()
@@ -407,7 +574,7 @@ def test_lock_that_changed_hands_between_confirmation_and_post_is_left_alone(ope
     assert second.owned() and get_lock_info("job").fencing_token == second.fencing_token
 
 
-def test_force_release_wakes_a_waiter(operator, holders):
+def test_force_release_wakes_a_waiter(operator, holders, redis_client):
     info = hold(holders, "job")
     result: dict[str, object] = {}
 
@@ -422,7 +589,8 @@ def test_force_release_wakes_a_waiter(operator, holders):
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    time.sleep(0.3)  # let it queue
+    queue = keyspace().queue("job")
+    wait_for(lambda: redis_client.llen(queue) == 1, what="the waiter to queue")
     logged_in(operator).post(list_url(), release_post("job", info["token"], confirmed=True))
     waiter.join(20)
     assert result["acquired"] is True
@@ -545,6 +713,17 @@ def test_pages_are_translated(viewer, holders):
     assert "Fencing token" not in html
 
 
+def test_new_pages_states_are_translated(viewer, take):
+    take("sync:3", task_id="t-3", queued=True)
+    client = logged_in(viewer)
+    html = client.get(list_url(), HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
+    assert "排队中 — 由 " in html
+    with override_settings(CACHES=DEAD_CACHES):
+        down = client.get(list_url(), HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
+    assert "无法连接 Redis：在它恢复响应之前，无法显示或更改锁。" in down  # noqa: RUF001
+    assert "Redis is unreachable" not in down
+
+
 def test_shipped_migration_matches_the_model():
     call_command("makemigrations", "django_redislock", "--check", "--dry-run", verbosity=0)
 
@@ -574,8 +753,11 @@ def test_name_glob_turns_plain_text_into_a_substring_match():
     assert name_glob("a?c") == "a?c"
 
 
-def test_parse_selection_ignores_malformed_values():
-    assert parse_selection(["3:a", "x:b", "0:c", "4", ":d", "5:e:f", "6:a"]) == [
+def test_parse_selection_keeps_each_token_and_name_pair_once():
+    # 0 is an unreadable value's token; two tokens of one name are two holders (semaphores).
+    assert parse_selection(["3:a", "x:b", "0:c", "4", ":d", "-1:g", "5:e:f", "6:a", "3:a"]) == [
         (3, "a"),
+        (0, "c"),
         (5, "e:f"),
+        (6, "a"),
     ]

@@ -1,15 +1,34 @@
-"""The Locks admin in a real headless Chromium (Playwright) against a live Django server."""
+"""The Locks admin in a real headless Chromium (Playwright) against a live Django server.
+
+Besides the force-release walk-through, the layout tests look at the pages as an operator does,
+at 1280 px (admin navigation sidebar open) and 390 px (a phone): every column of the locks list
+and of the statistics is on screen or in its table's own scroll box, the page itself never
+scrolls sideways, and column headers are apart. Each check is made twice: on the DOM geometry,
+and on the screenshot's pixels (the header text is painted inside the visible area; there is
+background between two headers). Screenshots go to ``test-artifacts/``.
+"""
 
 from __future__ import annotations
 
+import itertools
+import json
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
+from django.test import Client
 
-from django_redislock import get_lock_info
+from django_redislock import Lock, get_lock_info
+from django_redislock.client import StatsUpdate, write_stats
+from django_redislock.connection import get_client
+from django_redislock.keys import keyspace
 from tests.conftest import ROOT, start_holder
+from tests.screenshots import read_png
+
+pytestmark = pytest.mark.slow
 
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
@@ -25,21 +44,27 @@ CHROMIUM_ARGS = [
 
 
 @pytest.fixture
-def browser_page(monkeypatch):
-    """One Chromium page; Playwright's sync API runs an event loop, hence the async-unsafe flag."""
+def browser(monkeypatch):
+    """Headless Chromium; Playwright's sync API runs an event loop, hence the async-unsafe flag."""
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.set_default_timeout(15_000)
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            yield page
+            yield chromium
         finally:
-            browser.close()
+            chromium.close()
+
+
+@pytest.fixture
+def browser_page(browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(15_000)
+    return page
 
 
 @pytest.fixture
@@ -104,3 +129,209 @@ def test_operator_force_releases_a_lock_held_by_another_process(
         proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+# -- layout ----------------------------------------------------------------------------------------
+
+#: Lock records as production writes them: long dotted task names, pod host names, task ids.
+NOW_MS = int(time.time() * 1000)
+REALISTIC_LOCKS = [
+    (
+        f"billing.tasks.reconcile_ledger_entries_for_customer_account:{account}",
+        {
+            "host": f"celery-worker-billing-7d9f8b6c5d-{suffix}.prod.eu-west-1.internal",
+            "pid": 41234 + i,
+            "thread": "MainThread",
+            "task_id": f"c0a8f6b2-1f7e-4a43-9d4e-5b5c1f0e8e{i:02d}",
+            **({"queued": True} if i == 2 else {}),
+        },
+        3_600_000 * (i + 1) + 123_456,
+    )
+    for i, (account, suffix) in enumerate(
+        [(1234567, "x2k9p"), (7654321, "q8w7e"), (1111111, "m3n4b"), (98765432, "z1y2x")]
+    )
+]
+STATS = {
+    name: StatsUpdate(
+        key="",
+        max_key="",
+        counters={
+            "acquired": 12_345,
+            "contended": 2_345,
+            "failed": 123,
+            "released": 12_300,
+            "lost": 12,
+            "force_released": 3,
+        },
+        totals={"wait_total": 12_345 * 75.5, "hold_total": 12_300 * 754.0},
+        maxima={"wait": 7_384.0, "hold": 200_000.0},
+    )
+    for name, _, _ in REALISTIC_LOCKS
+}
+
+
+@pytest.fixture
+def realistic_data(redis_client):
+    """Locks (one queued, one unreadable, one without TTL) and statistics worth minutes/hours."""
+    keys = keyspace()
+    for i, (name, meta, ttl_ms) in enumerate(REALISTIC_LOCKS):
+        record = {"o": f"owner-{i}", "n": 1, "t": 1795548632468931 + i, "at": NOW_MS, "m": meta}
+        redis_client.set(keys.lock(name), json.dumps(record), px=ttl_ms if i else None)
+    redis_client.set(keys.lock("legacy-cron-lock"), b"\xff\xfe written by an old cron script")
+    updates = [
+        StatsUpdate(keys.stats(n), keys.stats_max(n), u.counters, u.totals, u.maxima)
+        for n, u in STATS.items()
+    ]
+    write_stats(get_client(), updates, now=time.time(), ttl=3600)
+    assert Lock("short", timeout=30, auto_renew=False).acquire()
+
+
+def open_page(browser, live_server, user, width: int, path: str):
+    """A logged-in page at ``width`` x 800 (logged in by session cookie, not by the form)."""
+    client = Client()
+    client.force_login(user)
+    context = browser.new_context(viewport={"width": width, "height": 800})
+    context.add_cookies(
+        [{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": live_server.url}]
+    )
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    page.goto(live_server.url + path)
+    return page
+
+
+GEOMETRY_JS = """
+(selector) => {
+  const rect = (r) => ({left: r.left, right: r.right, top: r.top, bottom: r.bottom});
+  // Where a header is painted: its text glyphs (and a checkbox), not its padded box.
+  const ink = (th) => {
+    const rects = [];
+    const walker = document.createTreeWalker(th, NodeFilter.SHOW_TEXT);
+    while (walker.nextNode()) {
+      if (!walker.currentNode.textContent.trim()) continue;
+      const range = document.createRange();
+      range.selectNodeContents(walker.currentNode);
+      rects.push(...range.getClientRects());
+    }
+    th.querySelectorAll('input').forEach((i) => rects.push(i.getBoundingClientRect()));
+    return {left: Math.min(...rects.map((r) => r.left)),
+            right: Math.max(...rects.map((r) => r.right)),
+            top: Math.min(...rects.map((r) => r.top)),
+            bottom: Math.max(...rects.map((r) => r.bottom))};
+  };
+  const table = document.querySelector(selector);
+  const box = table.closest('.results');
+  const headers = [...table.querySelectorAll('thead th')].map((th) => (
+    {text: th.innerText.trim(), cell: rect(th.getBoundingClientRect()), ink: ink(th)}));
+  return {
+    headers,
+    box: {...rect(box.getBoundingClientRect()), scrollWidth: box.scrollWidth,
+          clientWidth: box.clientWidth, overflowX: getComputedStyle(box).overflowX},
+    page: {scrollWidth: document.documentElement.scrollWidth,
+           clientWidth: document.documentElement.clientWidth},
+    sidebarOpen: !!document.querySelector('.main.shifted #nav-sidebar'),
+  };
+}
+"""
+
+PAGES = {
+    "list": ("/admin/django_redislock/lock/", "#result_list", "Expires in"),
+    "statistics": ("/admin/django_redislock/lock/statistics/", "#stats-list", "Force-released"),
+}
+
+
+def header_strip(page, geometry: dict[str, Any], name: str) -> tuple[Any, int, int]:
+    """Screenshot of the visible part of the header row: ``(image, x offset, y offset)``."""
+    inks = [h["ink"] for h in geometry["headers"]]
+    box = geometry["box"]
+    left = max(int(box["left"]), 0)
+    right = min(int(box["right"]), page.viewport_size["width"])
+    top = int(min(i["top"] for i in inks)) - 2
+    bottom = int(max(i["bottom"] for i in inks)) + 2
+    path = ARTIFACTS / f"{name}-headers.png"
+    page.screenshot(
+        path=str(path), clip={"x": left, "y": top, "width": right - left, "height": bottom - top}
+    )
+    return read_png(path), left, top
+
+
+def assert_headers_painted_apart(image, x0: int, geometry: dict[str, Any], gap: int) -> None:
+    """Each header's text has ink inside the screenshot, with >= ``gap`` px of background between
+    it and the next header's text."""
+    inked = image.inked_columns(0, image.width, 1, image.height - 1)
+    headers = geometry["headers"]
+    for header in headers:
+        left, right = int(header["ink"]["left"]) - x0, int(header["ink"]["right"]) - x0
+        assert any(inked[max(left, 0) : max(right, 0)]), f"{header['text']!r} is not painted"
+    for this, following in itertools.pairwise(headers):
+        start, end = int(this["ink"]["right"]) - x0 + 1, int(following["ink"]["left"]) - x0 - 1
+        assert end - start >= gap and not any(inked[start:end]), (
+            f"headers {this['text']!r} and {following['text']!r} run together on screen"
+        )
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("page_name", list(PAGES))
+def test_every_column_fits_next_to_the_open_sidebar_at_1280px(
+    live_server, browser, operator, realistic_data, page_name
+):
+    path, selector, last = PAGES[page_name]
+    page = open_page(browser, live_server, operator, 1280, path)
+    page.screenshot(path=str(ARTIFACTS / f"admin-layout-{page_name}-1280.png"))
+    geometry = page.evaluate(GEOMETRY_JS, selector)
+    assert geometry["sidebarOpen"]
+    assert geometry["page"]["scrollWidth"] <= geometry["page"]["clientWidth"]
+    box = geometry["box"]
+    assert box["right"] <= 1280
+    assert box["scrollWidth"] <= box["clientWidth"], "the table is wider than its box"
+    assert geometry["headers"][-1]["text"].lower() == last.lower()
+    for header in geometry["headers"]:
+        cell = header["cell"]
+        assert box["left"] - 0.5 <= cell["left"] and cell["right"] <= box["right"] + 0.5, header
+    image, x0, _ = header_strip(page, geometry, f"admin-layout-{page_name}-1280")
+    assert_headers_painted_apart(image, x0, geometry, gap=8)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("page_name", list(PAGES))
+def test_on_a_phone_the_table_scrolls_in_its_box_not_the_page(
+    live_server, browser, operator, realistic_data, page_name
+):
+    path, selector, last = PAGES[page_name]
+    page = open_page(browser, live_server, operator, 390, path)
+    page.screenshot(path=str(ARTIFACTS / f"admin-layout-{page_name}-390.png"))
+    geometry = page.evaluate(GEOMETRY_JS, selector)
+    assert geometry["page"]["scrollWidth"] <= geometry["page"]["clientWidth"], "page scrolls"
+    box = geometry["box"]
+    assert box["left"] >= 0 and box["right"] <= 390
+    assert box["overflowX"] in ("auto", "scroll")
+    for header in geometry["headers"]:  # every column is inside the box's scrollable width
+        assert header["cell"]["right"] - box["left"] <= box["scrollWidth"] + 0.5, header
+    # Scrolled to its end, the box shows the last column whole, inside the screen.
+    page.eval_on_selector(
+        selector, "(t) => { const b = t.closest('.results'); b.scrollLeft = b.scrollWidth; }"
+    )
+    scrolled = page.evaluate(GEOMETRY_JS, selector)
+    final = scrolled["headers"][-1]
+    assert final["text"].lower() == last.lower()
+    assert scrolled["box"]["left"] - 0.5 <= final["cell"]["left"]
+    assert final["cell"]["right"] <= min(scrolled["box"]["right"], 390) + 0.5
+    page.screenshot(path=str(ARTIFACTS / f"admin-layout-{page_name}-390-scrolled.png"))
+    image, x0, _ = header_strip(page, scrolled, f"admin-layout-{page_name}-390-scrolled")
+    visible = [h for h in scrolled["headers"] if h["cell"]["left"] >= scrolled["box"]["left"]]
+    assert_headers_painted_apart(image, x0, {"headers": visible}, gap=8)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("width", [1280, 390])
+def test_detail_pages_never_scroll_sideways(live_server, browser, operator, realistic_data, width):
+    for name in (REALISTIC_LOCKS[2][0], "legacy-cron-lock"):
+        page = open_page(
+            browser, live_server, operator, width, f"/admin/django_redislock/lock/{name}/change/"
+        )
+        assert page.locator("#lock-detail").is_visible()
+        page.screenshot(path=str(ARTIFACTS / f"admin-layout-detail-{name[:12]}-{width}.png"))
+        overflow = page.evaluate(
+            "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+        )
+        assert overflow[0] <= overflow[1], (name, overflow)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from io import StringIO
 
@@ -13,21 +12,58 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from django_redislock import Lock, get_lock_info, stats
+from django_redislock import Lock, force_release, get_lock_info, operations, stats
+from django_redislock.keys import keyspace
 from django_redislock.management.base import LockedCommand
+from django_redislock.management.commands import redislock as redislock_command
 from tests.conftest import ROOT, hold, subprocess_env
+from tests.redis_server import free_port
+
+GARBAGE = b"\xff\xfe garbage"
 
 
-def manage(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def manage(*args: str, timeout: float = 30, **env: str) -> subprocess.CompletedProcess[str]:
     """``python -m django ARGS --settings tests.settings`` in a fresh process, same Redis."""
     return subprocess.run(
         [sys.executable, "-m", "django", *args, "--settings", "tests.settings"],
         cwd=ROOT,
-        env=subprocess_env(),
+        env=subprocess_env(**env),
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+def start_manage(*args: str, **env: str) -> subprocess.Popen[str]:
+    """``manage`` without waiting: the caller reads its output as it comes."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "django", *args, "--settings", "tests.settings"],
+        cwd=ROOT,
+        env=subprocess_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def dead_redis() -> dict[str, str]:
+    """Environment for a child whose Redis is a closed loopback port."""
+    return {"REDISLOCK_TEST_REDIS_URL": f"redis://127.0.0.1:{free_port()}"}
+
+
+def error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The one line a failed command reported; fails on a traceback or a zero exit.
+
+    Anything else on stderr must be a log record of the package (tests/settings.py logs WARNING
+    to the console), e.g. the watchdog saying it could not renew.
+    """
+    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("CommandError: ")]
+    assert len(errors) == 1, result.stderr
+    assert all(line in errors or line.startswith("django_redislock") for line in lines), lines
+    return errors[0]
 
 
 def run(*args: str) -> str:
@@ -69,10 +105,75 @@ def test_list_match_is_a_glob_on_the_name(holders):
     assert sorted(line.split("\t")[0] for line in out.splitlines()) == ["invoice:1", "invoice:2"]
 
 
-def test_list_of_nothing_prints_nothing():
-    assert run("redislock", "list") == ""
+def test_list_of_nothing_says_so_in_text_and_prints_nothing_in_json():
+    assert run("redislock", "list") == "No lock is held.\n"
+    assert run("redislock", "list", "--match", "job:*") == "No lock matching 'job:*' is held.\n"
+    assert run("redislock", "list", "--json") == ""
 
 
+def test_list_sorted(holders):
+    for name, timeout in (("b", 30), ("a", 10), ("c", 20)):
+        assert Lock(name, timeout=timeout, auto_renew=False).acquire(blocking=False)
+    names = {
+        sort: [
+            line.split("\t")[0] for line in run("redislock", "list", f"--sort={sort}").splitlines()
+        ]
+        for sort in ("name", "-name", "expires")
+    }
+    assert names == {"name": ["a", "b", "c"], "-name": ["c", "b", "a"], "expires": ["a", "c", "b"]}
+
+
+def test_list_pages_through_many_locks(redis_client):
+    pipe = redis_client.pipeline()
+    for i in range(1234):
+        pipe.set(keyspace().lock(f"bulk:{i}"), '{"o":"x","n":1,"t":1,"at":0,"m":{}}', px=60_000)
+    pipe.execute()
+    lines = run("redislock", "list", "--json").splitlines()
+    assert sorted(json.loads(line)["name"] for line in lines) == sorted(
+        f"bulk:{i}" for i in range(1234)
+    )
+
+
+def test_list_shows_the_worker_and_task_or_who_queued_it():
+    Lock("run", timeout=30, auto_renew=False, task_id="task-run").acquire()
+    Lock("wait", timeout=30, auto_renew=False, task_id="task-wait", queued=True).acquire()
+    run_info, wait_info = get_lock_info("run"), get_lock_info("wait")
+    lines = {line.split("\t")[0]: line for line in run("redislock", "list").splitlines()}
+    assert lines["run"].endswith(
+        f"owner={run_info.host}:{run_info.pid}:{run_info.thread} task=task-run"
+    )
+    assert lines["wait"].endswith(
+        f"owner=queued, published by {wait_info.host}:{wait_info.pid} task=task-wait"
+    )
+    queued = {
+        json.loads(line)["name"]: json.loads(line)["queued"]
+        for line in run("redislock", "list", "--json").splitlines()
+    }
+    assert queued == {"run": False, "wait": True}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ttl_ms", [60_000, None], ids=["with-ttl", "without-ttl"])
+@pytest.mark.slow
+def test_list_shows_an_unreadable_value_in_text_and_json(redis_client, ttl_ms):
+    Lock("fine", timeout=30, auto_renew=False).acquire()
+    redis_client.set(keyspace().lock("broken"), GARBAGE, px=ttl_ms)
+    text = manage("redislock", "list")
+    assert text.returncode == 0, text.stderr
+    lines = {line.split("\t")[0]: line for line in text.stdout.splitlines()}
+    assert set(lines) == {"fine", "broken"}
+    expires = "never" if ttl_ms is None else "5"  # 59.x s
+    assert lines["broken"].startswith(f"broken\tunreadable\texpires_in={expires}")
+    assert lines["broken"].endswith("\tvalue='\ufffd\ufffd garbage'")
+    as_json = manage("redislock", "list", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    broken = next(o for o in map(json.loads, as_json.stdout.splitlines()) if o["name"] == "broken")
+    assert broken["unreadable"] is True and broken["raw_excerpt"] == "\ufffd\ufffd garbage"
+    assert broken["fencing_token"] == 0 and broken["owner"] == ""
+    assert (broken["expires_in"] is None) == (ttl_ms is None)
+
+
+@pytest.mark.slow
 def test_list_in_a_subprocess_sees_the_holders_lock(holders):
     info = hold(holders, "nightly")
     result = manage("redislock", "list", "--json")
@@ -100,10 +201,44 @@ def test_unknown_cache_alias_is_a_clear_error():
 
 
 def test_release_frees_a_lock_held_by_another_process(holders):
-    hold(holders, "stuck")
+    info = hold(holders, "stuck")
     out = run("redislock", "release", "stuck")
-    assert "Released lock 'stuck'" in out
+    assert out.startswith("Released lock 'stuck' (was held by ")
+    assert f" pid {info['pid']} thread MainThread, fencing token {info['token']})." in out
     assert get_lock_info("stuck") is None
+
+
+def test_release_reports_the_holder_it_released_even_when_the_lock_changes_hands(monkeypatch):
+    first = Lock("job", owner="first", timeout=30, auto_renew=False)
+    second = Lock("job", owner="second", timeout=30, auto_renew=False)
+    assert first.acquire()
+    real = operations.get_lock_info
+
+    def read_then_hand_over(name, **kwargs):  # another holder gets in right after any read
+        info = real(name, **kwargs)
+        if first.owned():
+            first.release()
+            assert second.acquire(blocking=False)
+        return info
+
+    monkeypatch.setattr(operations, "get_lock_info", read_then_hand_over)
+    monkeypatch.setattr(redislock_command, "get_lock_info", read_then_hand_over, raising=False)
+    out = run("redislock", "release", "job")
+    assert get_lock_info("job") is None
+    released = second if second.fencing_token is not None else first
+    assert f"fencing token {released.fencing_token})." in out
+
+
+@pytest.mark.slow
+@pytest.mark.slow
+def test_release_of_an_unreadable_value_in_a_subprocess(redis_client):
+    redis_client.set(keyspace().lock("broken"), GARBAGE)
+    result = manage("redislock", "release", "broken")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(
+        "Released lock 'broken' (was held by nobody: the value is not a lock record"
+    )
+    assert not redis_client.exists(keyspace().lock("broken"))
 
 
 def test_release_with_the_current_token_frees_the_lock(holders):
@@ -126,6 +261,7 @@ def test_release_of_a_free_lock_fails():
         run("redislock", "release", "ghost")
 
 
+@pytest.mark.slow
 def test_release_exit_codes_in_a_subprocess(holders):
     info = hold(holders, "stuck")
     missing = manage("redislock", "release", "ghost")
@@ -143,6 +279,7 @@ def test_release_rejects_a_bad_token(token):
         run("redislock", "release", "x", f"--token={token}")
 
 
+@pytest.mark.slow
 def test_bad_token_in_a_subprocess_is_a_usage_error(holders):
     hold(holders, "stuck")
     result = manage("redislock", "release", "stuck", "--token", "abc")
@@ -182,23 +319,7 @@ def test_stats_for_an_unknown_name_fails():
 @pytest.fixture
 def running_guarded() -> Iterator[subprocess.Popen[str]]:
     """``manage.py slow_guarded --seconds 20`` in a subprocess, once it holds its lock."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "django",
-            "slow_guarded",
-            "--seconds",
-            "20",
-            "--settings",
-            "tests.settings",
-        ],
-        cwd=ROOT,
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_manage("slow_guarded", "--seconds", "20")
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.strip() == "started", proc.stderr.read() if proc.stderr else ""
@@ -216,6 +337,7 @@ def test_locked_command_runs_and_releases_its_lock():
     assert get_lock_info("command:slow_guarded") is None
 
 
+@pytest.mark.slow
 def test_second_run_of_a_locked_command_is_refused(running_guarded):
     with pytest.raises(CommandError, match="already running") as excinfo:
         run("slow_guarded")
@@ -223,12 +345,26 @@ def test_second_run_of_a_locked_command_is_refused(running_guarded):
     assert f"pid {running_guarded.pid}" in str(excinfo.value)
 
 
-def test_skip_if_locked_exits_quietly(running_guarded):
+@pytest.mark.slow
+def test_skip_if_locked_says_why_and_exits_zero(running_guarded):
     out = run("slow_guarded", "--skip-if-locked")
-    assert out.startswith("Skipped: slow_guarded is already running")
+    assert out.startswith(
+        "Skipped: slow_guarded is already running: lock 'command:slow_guarded' is busy (held by "
+    )
+    assert f" pid {running_guarded.pid} thread MainThread, fencing token " in out
     assert "started" not in out
+    assert run("slow_guarded", "--skip-if-locked", "--verbosity", "0") == ""
 
 
+@pytest.mark.slow
+def test_lock_on_busy_skip_says_why_without_the_flag(running_guarded):
+    out = run("quiet_guarded")
+    assert out.startswith("Skipped: quiet_guarded is already running: lock 'command:slow_guarded'")
+    assert "ran" not in out.split()
+    assert run("quiet_guarded", "-v", "0") == ""
+
+
+@pytest.mark.slow
 def test_second_run_in_a_subprocess_exits_non_zero_then_zero_with_skip(running_guarded):
     refused = manage("slow_guarded")
     assert refused.returncode == 1
@@ -236,31 +372,19 @@ def test_second_run_in_a_subprocess_exits_non_zero_then_zero_with_skip(running_g
     assert "started" not in refused.stdout
     skipped = manage("slow_guarded", "--skip-if-locked")
     assert skipped.returncode == 0, skipped.stderr
-    assert "Skipped" in skipped.stdout
+    assert skipped.stdout.startswith("Skipped: slow_guarded is already running")
+    assert skipped.stderr == ""
+    silent = manage("quiet_guarded", "-v", "0")
+    assert (silent.returncode, silent.stdout, silent.stderr) == (0, "", "")
 
 
+@pytest.mark.slow
+@pytest.mark.slow
 def test_lock_is_free_again_once_the_first_run_ends():
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "django",
-            "slow_guarded",
-            "--seconds",
-            "0.5",
-            "--settings",
-            "tests.settings",
-        ],
-        cwd=ROOT,
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_manage("slow_guarded", "--seconds", "0.5")
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and out.split() == ["started", "done"]
-    deadline = time.monotonic() + 5
-    while get_lock_info("command:slow_guarded") is not None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert get_lock_info("command:slow_guarded") is None  # released before the process exited
     assert run("slow_guarded").split() == ["started", "done"]
 
 
@@ -294,3 +418,91 @@ def test_misplaced_arguments_are_usage_errors(args, message):
     with pytest.raises(CommandError, match=message) as excinfo:
         run("redislock", *args)
     assert excinfo.value.returncode == 2
+
+
+# -- failures end in one line, never a traceback ---------------------------------------------------
+
+
+def finish(proc: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    out, err = proc.communicate(timeout=30)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def started(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if line.strip() != "started":
+        proc.kill()
+        raise AssertionError(f"did not start: {line!r} {proc.communicate()[1]}")
+
+
+@pytest.mark.slow
+@pytest.mark.slow
+def test_a_lock_lost_while_a_locked_command_runs_is_one_line_and_exit_1():
+    proc = start_manage("slow_guarded", "--seconds", "1")
+    try:
+        started(proc)
+        assert force_release("command:slow_guarded")
+        result = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert error_line(result) == (
+        "CommandError: slow_guarded: Lock 'command:slow_guarded' was lost (expired or "
+        "force-released) while the protected block ran; its work may have overlapped with "
+        "another holder. Check the work this run did before trusting it."
+    )
+    assert "done" in result.stdout  # the body ran to its end; only its outcome is suspect
+
+
+@pytest.mark.slow
+@pytest.mark.slow
+def test_redis_down_before_a_locked_command_starts_is_one_line_and_exit_1():
+    env = dead_redis()
+    result = manage("slow_guarded", **env)
+    line = error_line(result)
+    assert line.startswith(
+        "CommandError: slow_guarded: Redis is unreachable (cache 'default' at "
+        f"{env['REDISLOCK_TEST_REDIS_URL']}/0): "
+    )
+    assert line.endswith(
+        "Check that the Redis server is running and reachable from this machine, "
+        "and CACHES['default']['LOCATION']."
+    )
+    assert "started" not in result.stdout  # never runs without the lock
+    assert result.stderr.strip() == line  # nothing else on stderr
+
+
+@pytest.mark.slow
+@pytest.mark.slow
+def test_redis_going_down_while_a_locked_command_runs_is_one_line_and_exit_1(redis_factory):
+    server = redis_factory().start()
+    proc = start_manage("slow_guarded", "--seconds", "1", REDISLOCK_TEST_REDIS_URL=server.url)
+    try:
+        started(proc)
+        server.stop()
+        result = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    line = error_line(result)
+    assert line.startswith(
+        f"CommandError: slow_guarded: Redis is unreachable (cache 'default' at {server.url}/0): "
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args", [("list",), ("list", "--json"), ("release", "job"), ("stats",)], ids=" ".join
+)
+@pytest.mark.slow
+def test_redislock_with_redis_down_is_one_line_and_exit_1(args):
+    env = dead_redis()
+    result = manage("redislock", *args, **env)
+    line = error_line(result)
+    url = env["REDISLOCK_TEST_REDIS_URL"]
+    assert line.startswith(f"CommandError: Redis is unreachable (cache 'default' at {url}/0)")
+    assert result.stderr.strip() == line
+    assert result.stdout == ""

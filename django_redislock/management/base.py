@@ -14,8 +14,14 @@ Typical use is a cron job that several machines run, or one that may outlive its
             ...
 
 A second run while the first holds the lock exits with status 1 and "already running" on stderr,
-or with status 0 when given ``--skip-if-locked`` (the option every ``LockedCommand`` gets). The
-lock is renewed by the watchdog while ``handle`` runs, and released when it returns or raises.
+or with status 0 and "Skipped: ... already running" on stdout when given ``--skip-if-locked`` (the
+option every ``LockedCommand`` gets) or when the class sets ``lock_on_busy = "skip"``; ``-v 0``
+silences that line. The lock is renewed by the watchdog while ``handle`` runs, and released when
+it returns or raises.
+
+A lock lost while ``handle`` ran (expired or force-released), or Redis failing, ends the command
+with one line on stderr and exit status 1 — never a traceback: cron mails and CI logs then say
+what happened in words.
 
 It is :func:`~django_redislock.distributed_lock` applied to ``handle`` when the class is created,
 so a bad ``lock_key`` template fails at import time, not at 3 a.m.
@@ -23,12 +29,15 @@ so a bad ``lock_key`` template fails at import time, not at 3 a.m.
 
 from __future__ import annotations
 
+import functools
 from argparse import ArgumentParser
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_redislock.decorators import distributed_lock
+from django_redislock.exceptions import LockBackendError, LockError, LockLostError
 
 __all__ = ["LockedCommand"]
 
@@ -45,6 +54,9 @@ class LockedCommand(BaseCommand):
     lock_wait: float = 0.0
     #: ``CACHES`` alias holding the lock; ``None`` = ``REDISLOCK["CACHE"]``.
     lock_using: str | None = None
+    #: When another run holds the lock: ``"raise"`` exits with status 1 (unless the command is
+    #: given ``--skip-if-locked``), ``"skip"`` always exits with status 0 saying why.
+    lock_on_busy: Literal["raise", "skip"] = "raise"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -60,8 +72,19 @@ class LockedCommand(BaseCommand):
             on_busy=cls._lock_busy,
             using=cls.lock_using,
         )(handle)
-        guarded._redislock_guarded = True
-        cls.handle = guarded  # type: ignore[method-assign]
+        cls.handle = _lock_errors_as_command_errors(guarded)  # type: ignore[method-assign]
+
+    def lock_error_message(self, exc: LockError) -> str:
+        """The one line a lock failure is reported with (override to add advice of your own)."""
+        from django_redislock.operations import backend_problem
+
+        if isinstance(exc, LockBackendError):
+            text = backend_problem(exc, using=self.lock_using).summary()
+        elif isinstance(exc, LockLostError):
+            text = f"{exc} Check the work this run did before trusting it."
+        else:
+            text = str(exc)
+        return f"{self.command_name()}: {' '.join(text.split())}"
 
     @classmethod
     def command_name(cls) -> str:
@@ -83,15 +106,34 @@ class LockedCommand(BaseCommand):
 
     def _lock_busy(self, *args: Any, **options: Any) -> None:
         """Called by ``distributed_lock`` instead of ``handle`` when another run holds the lock."""
-        from django_redislock.operations import get_lock_info
+        from django_redislock.operations import describe_holder, get_lock_info
 
         name = type(self).handle.lock_name(self, *args, **options)  # type: ignore[attr-defined]
-        holder = ""
         info = get_lock_info(name, using=self.lock_using)
-        if info is not None:
-            holder = f" (held by {info.host} pid {info.pid}, fencing token {info.fencing_token})"
+        holder = f" (held by {describe_holder(info)})" if info is not None else ""
         message = f"{self.command_name()} is already running: lock {name!r} is busy{holder}."
-        if options.get("skip_if_locked"):
-            self.stdout.write(f"Skipped: {message}")
+        if options.get("skip_if_locked") or self.lock_on_busy == "skip":
+            if options.get("verbosity", 1) >= 1:
+                self.stdout.write(f"Skipped: {message}")
             return None
         raise CommandError(message, returncode=1)
+
+
+def _lock_errors_as_command_errors(handle: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn a :class:`LockError` escaping ``handle`` into a one-line ``CommandError`` (exit 1).
+
+    ``manage.py`` prints a ``CommandError`` as one line on stderr; any other exception would be
+    a traceback, which hides the one fact that matters (lost lock, Redis down) in a cron mail.
+    """
+
+    @functools.wraps(handle)
+    def run(self: LockedCommand, *args: Any, **options: Any) -> Any:
+        try:
+            return handle(self, *args, **options)
+        except CommandError:
+            raise
+        except LockError as exc:
+            raise CommandError(self.lock_error_message(exc), returncode=1) from exc
+
+    run._redislock_guarded = True  # type: ignore[attr-defined]
+    return run

@@ -2,15 +2,22 @@
 
 Subcommands::
 
-    manage.py redislock list [--match GLOB] [--json] [--using ALIAS]
+    manage.py redislock list [--match GLOB] [--sort KEY] [--json] [--using ALIAS]
     manage.py redislock release NAME [--token N] [--using ALIAS]
     manage.py redislock stats [NAME_OR_TEMPLATE] [--json] [--using ALIAS]
 
-``release`` exits with status 1 when nothing was released (no such lock, or ``--token`` no longer
+``list`` prints one tab-separated line (``--json``: one JSON object) per holder, or
+"No lock is held." when there is none (nothing with ``--json`` or ``-v 0``). ``release`` exits with
+status 1 when nothing was released (no such lock, or ``--token`` no longer
 matches), so scripts can tell "done" from "nothing to do"; usage errors exit with status 2.
-It uses the same ``force_release`` as the admin: waiters are woken and the release is signalled,
-but no ``LogEntry`` is written (there is no admin user); a warning goes to the
-``django_redislock`` logger instead.
+``list`` and ``release`` use the same :mod:`~django_redislock.operations` as the admin: the same
+paging and sort orders, and a release that reports the holder the release script removed (never
+a holder read before or after it). Waiters are woken and the release is signalled, but no
+``LogEntry`` is written (there is no admin user); a warning goes to the ``django_redislock``
+logger instead.
+
+Every failure ends the command with one line on stderr and a non-zero exit (Redis unreachable:
+which cache, where, what to check), never a traceback.
 """
 
 from __future__ import annotations
@@ -23,11 +30,22 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from django_redislock.exceptions import LockError
+from django_redislock.exceptions import LockBackendError, LockError
+from django_redislock.operations import (
+    SORTS,
+    LockInfo,
+    backend_problem,
+    describe_holder,
+    force_release_info,
+    get_lock_info,
+    page_locks,
+)
 
 logger = logging.getLogger("django_redislock")
 
 SUBCOMMANDS = ("list", "release", "stats")
+#: Locks per SCAN page while listing without ``--sort``.
+LIST_PAGE = 500
 
 
 def _token(value: str) -> int:
@@ -74,6 +92,14 @@ class Command(BaseCommand):
             help="list: only locks whose name matches this glob (* ? [...]).",
         )
         parser.add_argument(
+            "--sort",
+            choices=list(SORTS),
+            default=None,
+            help="list: order by name, expires (soonest first) or held (shortest first); "
+            "a leading '-' reverses (--sort=-held: longest held first). Sorting reads every "
+            "lock before printing.",
+        )
+        parser.add_argument(
             "--json",
             action="store_true",
             dest="as_json",
@@ -99,6 +125,7 @@ class Command(BaseCommand):
             for flag, dest, allowed in (
                 ("NAME", "name", ("release", "stats")),
                 ("--match", "match", ("list",)),
+                ("--sort", "sort", ("list",)),
                 ("--token", "token", ("release",)),
                 ("--json", "as_json", ("list", "stats")),
             )
@@ -114,47 +141,71 @@ class Command(BaseCommand):
             )
         try:
             getattr(self, f"handle_{subcommand}")(**options)
+        except LockBackendError as exc:
+            raise CommandError(backend_problem(exc, using=options["using"]).summary()) from exc
         except (LockError, ImproperlyConfigured) as exc:
-            raise CommandError(str(exc)) from exc
+            raise CommandError(" ".join(str(exc).split())) from exc
 
     def handle_list(
-        self, *, match: str | None, as_json: bool, using: str | None, **options: Any
+        self,
+        *,
+        match: str | None,
+        sort: str | None,
+        as_json: bool,
+        using: str | None,
+        verbosity: int = 1,
+        **options: Any,
     ) -> None:
-        from django_redislock.operations import list_locks
-
-        for info in list_locks(match=match, using=using):
-            if as_json:
-                self.stdout.write(
-                    _dumps({**info.as_dict(), "expires_in": round(info.expires_in, 3)})
-                )
-            else:
-                task = f" task={info.task_id}" if info.task_id else ""
-                self.stdout.write(
-                    f"{info.name}\ttoken={info.fencing_token}\tholds={info.hold_count}\t"
-                    f"expires_in={info.expires_in:.1f}s\towner={info.host}:{info.pid}:"
-                    f"{info.thread}{task}"
-                )
+        listed = 0
+        seen: set[tuple[str, int]] = set()
+        cursor = 0
+        while True:
+            # Sorted: one page of everything; unsorted: SCAN pages, streamed as they come.
+            page = page_locks(
+                match=match,
+                sort=sort,
+                cursor=cursor,
+                per_page=None if sort else LIST_PAGE,
+                using=using,
+            )
+            for info in page.infos:
+                if (info.name, info.fencing_token) in seen:
+                    continue  # SCAN may return a key again on a later page
+                seen.add((info.name, info.fencing_token))
+                listed += 1
+                if as_json:
+                    self.stdout.write(_dumps(_json_fields(info)))
+                else:
+                    self.stdout.write(_text_line(info))
+            if not page.has_next:
+                break
+            cursor = page.next_cursor
+        if not listed and not as_json and verbosity >= 1:
+            self.stdout.write(
+                f"No lock matching {match!r} is held." if match else "No lock is held."
+            )
 
     def handle_release(
         self, *, name: str, token: int | None, using: str | None, **options: Any
     ) -> None:
-        from django_redislock.operations import force_release, get_lock_info
-
-        before = get_lock_info(name, using=using)
-        if not force_release(name, token=token, using=using):
-            if before is None:
+        released = force_release_info(name, token=token, using=using)
+        if not released:
+            # Only explains the refusal: what was (not) released came from the script itself.
+            now = get_lock_info(name, using=using) if token is not None else None
+            if now is None:
                 raise CommandError(f"Nothing released: no lock named {name!r} is held.")
             raise CommandError(
-                f"Nothing released: lock {name!r} has fencing token {before.fencing_token}, "
+                f"Nothing released: lock {name!r} has fencing token {now.fencing_token}, "
                 f"not {token} (it changed hands since that token was read)."
             )
-        holder = f"{before.host}:{before.pid}:{before.thread}" if before else "unknown holder"
-        logger.warning(
-            "django_redislock: lock %r force-released from the command line (was held by %s).",
-            name,
-            holder,
-        )
-        self.stdout.write(f"Released lock {name!r} (was held by {holder}).")
+        for info in released:
+            holder = describe_holder(info)
+            logger.warning(
+                "django_redislock: lock %r force-released from the command line (was held by %s).",
+                name,
+                holder,
+            )
+            self.stdout.write(f"Released lock {name!r} (was held by {holder}).")
 
     def handle_stats(
         self, *, name: str | None, as_json: bool, using: str | None, **options: Any
@@ -201,3 +252,25 @@ class Command(BaseCommand):
 
 def _dumps(data: dict[str, Any]) -> str:
     return json.dumps(data, ensure_ascii=False, sort_keys=False)
+
+
+def _text_line(info: LockInfo) -> str:
+    expires = f"{info.expires_in:.1f}s" if info.expires else "never"
+    if info.unreadable:
+        return f"{info.name}\tunreadable\texpires_in={expires}\tvalue={info.raw_excerpt!r}"
+    if info.queued:
+        owner = f"queued, published by {info.host}:{info.pid}"
+    else:
+        owner = f"{info.host}:{info.pid}:{info.thread}"
+    task = f" task={info.task_id}" if info.task_id else ""
+    return (
+        f"{info.name}\ttoken={info.fencing_token}\tholds={info.hold_count}\t"
+        f"expires_in={expires}\towner={owner}{task}"
+    )
+
+
+def _json_fields(info: LockInfo) -> dict[str, Any]:
+    fields = info.as_dict()
+    if info.expires:
+        fields["expires_in"] = round(info.expires_in, 3)
+    return fields
