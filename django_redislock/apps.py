@@ -13,12 +13,12 @@ class RedisLockConfig(AppConfig):
 
     def ready(self) -> None:
         from django_redislock import checks, stats
-        from django_redislock.decorators import register_busy_error
-        from django_redislock.management import command_busy_error
+        from django_redislock.decorators import register_adapter
+        from django_redislock.management import command_adapter
 
         checks.register_checks()
         stats.connect_receivers()
-        register_busy_error(command_busy_error)
+        register_adapter(command_adapter)
         # Celery's receivers (task_revoked, lock_lost, the task-id provider) are connected here, not
         # when django_redislock.celery is imported, and only when Celery is installed.
         if importlib.util.find_spec("celery") is not None:

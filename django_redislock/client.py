@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from django_redislock.records import LockRecord, parse_record
 
 __all__ = [
@@ -49,6 +51,10 @@ def _parse_reads(keys: Sequence[str], values: Sequence[Any]) -> list[LockRecord]
     records = []
     for i, key in enumerate(keys):
         raw, pttl = values[2 * i], values[2 * i + 1]
+        if isinstance(pttl, Exception):
+            raise pttl
+        if isinstance(raw, ResponseError):  # not a string (WRONGTYPE): not one of our records
+            raw = f"<{str(raw).split(' ', 1)[0]}: not a string value>"
         if raw is not None and pttl is not None and int(pttl) != -2:
             records.append(parse_record(key, raw, int(pttl)))
     return records
@@ -58,12 +64,15 @@ def read_locks(client: Any, keys: Sequence[str]) -> list[LockRecord]:
     """Records of the given lock keys in one round trip; vanished keys are skipped."""
     if not keys:
         return []
-    return _parse_reads(keys, _queue_reads(client.pipeline(transaction=False), keys).execute())
+    pipe = _queue_reads(client.pipeline(transaction=False), keys)
+    return _parse_reads(keys, pipe.execute(raise_on_error=False))
 
 
 async def aread_lock(client: Any, key: str) -> LockRecord | None:
     """:func:`read_lock` with a ``redis.asyncio`` client."""
-    values = await _queue_reads(client.pipeline(transaction=False), [key]).execute()
+    values = await _queue_reads(client.pipeline(transaction=False), [key]).execute(
+        raise_on_error=False
+    )
     return next(iter(_parse_reads([key], values)), None)
 
 

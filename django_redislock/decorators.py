@@ -10,40 +10,65 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 from django_redislock.aio import AsyncLock
 from django_redislock.conf import MIN_LEASE, check_seconds
 from django_redislock.engine import check_bool
-from django_redislock.exceptions import LockNotAcquiredError
+from django_redislock.exceptions import LockError, LockNotAcquiredError
 from django_redislock.lock import Lock
 from django_redislock.naming import KeySpec, compile_key
 
-__all__ = ["distributed_lock", "register_busy_error"]
+__all__ = ["CallAdapter", "distributed_lock", "register_adapter"]
 
 logger = logging.getLogger("django_redislock")
 
 F = TypeVar("F", bound=Callable[..., Any])
 OnBusy = Literal["raise", "skip"] | Callable[..., Any]
-BusyError = Callable[[tuple[Any, ...], str], LockNotAcquiredError | None]
-
-#: Factories asked, in order, for the error a busy ``on_busy="raise"`` call raises; the first
-#: non-``None`` answer wins (the management integration registers one for commands).
-_busy_errors: list[BusyError] = []
 
 
-def register_busy_error(factory: BusyError) -> None:
-    """Let an integration choose the error for a busy lock (called with the call's args)."""
-    if factory not in _busy_errors:
-        _busy_errors.append(factory)
+class CallAdapter(Protocol):
+    """How an integration (management commands) wants a decorated call's lock outcomes shown.
+
+    Each method returns ``None`` (or does nothing) for calls that are not its kind, so adapters
+    are asked in turn and the decorator itself knows no integration.
+    """
+
+    def busy_error(self, args: tuple[Any, ...], name: str) -> LockNotAcquiredError | None: ...
+
+    def skipped(self, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> None: ...
+
+    def failed(self, args: tuple[Any, ...], exc: LockError) -> BaseException | None: ...
+
+
+_adapters: list[CallAdapter] = []
+
+
+def register_adapter(adapter: CallAdapter) -> None:
+    """Let an integration shape busy errors, skip notices and lock failures (idempotent)."""
+    if adapter not in _adapters:
+        _adapters.append(adapter)
 
 
 def _busy_error(args: tuple[Any, ...], name: str) -> LockNotAcquiredError:
-    for factory in _busy_errors:
-        error = factory(args, name)
+    for adapter in _adapters:
+        error = adapter.busy_error(args, name)
         if error is not None:
             return error
     return LockNotAcquiredError(name)
+
+
+def _skipped(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> None:
+    for adapter in _adapters:
+        adapter.skipped(args, kwargs, name)
+
+
+def _failed(args: tuple[Any, ...], exc: LockError) -> BaseException:
+    for adapter in _adapters:
+        error = adapter.failed(args, exc)
+        if error is not None:
+            return error
+    return exc
 
 
 def _busy_handler(on_busy: OnBusy) -> Callable[..., Any] | None:
@@ -118,6 +143,7 @@ def distributed_lock(
                 logger.info(
                     "django_redislock: %s skipped, lock %r is busy", func.__qualname__, name
                 )
+                _skipped(args, kwargs, name)
                 return None
             if handler is not None:
                 return handler(*args, **kwargs)
@@ -128,11 +154,17 @@ def distributed_lock(
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 lock = AsyncLock(name_of(*args, **kwargs), stats_name=stats_name, **options)
-                if not await lock.acquire():
-                    result = busy(args, kwargs, lock.name)
-                    return await result if inspect.isawaitable(result) else result
-                async with _Held(lock):
-                    return await func(*args, **kwargs)
+                try:
+                    if not await lock.acquire():
+                        result = busy(args, kwargs, lock.name)
+                        return await result if inspect.isawaitable(result) else result
+                    async with _Held(lock):
+                        return await func(*args, **kwargs)
+                except LockError as exc:
+                    error = _failed(args, exc)
+                    if error is exc:
+                        raise
+                    raise error from exc
 
             async_wrapper.lock_name = name_of  # type: ignore[attr-defined]
             return cast(F, async_wrapper)
@@ -140,10 +172,16 @@ def distributed_lock(
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             lock = Lock(name_of(*args, **kwargs), stats_name=stats_name, **options)
-            if not lock.acquire():
-                return busy(args, kwargs, lock.name)
-            with _Held(lock):
-                return func(*args, **kwargs)
+            try:
+                if not lock.acquire():
+                    return busy(args, kwargs, lock.name)
+                with _Held(lock):
+                    return func(*args, **kwargs)
+            except LockError as exc:
+                error = _failed(args, exc)
+                if error is exc:
+                    raise
+                raise error from exc
 
         wrapper.lock_name = name_of  # type: ignore[attr-defined]
         return cast(F, wrapper)

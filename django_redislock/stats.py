@@ -103,6 +103,12 @@ _flusher: threading.Thread | None = None
 _dropped = 0
 
 
+def _default_alias() -> str:
+    from django_redislock.conf import get_settings
+
+    return get_settings().cache
+
+
 def _enabled() -> bool:
     from django_redislock.conf import get_settings
 
@@ -280,7 +286,7 @@ def flush() -> None:
             logger.warning(
                 "django_redislock: could not write lock statistics to cache %r (%s); "
                 "keeping them for the next flush.",
-                alias,
+                alias or _default_alias(),
                 exc,
             )
             with _mutex:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import threading
 import time
 
 import pytest
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from django_redislock import Lock, LockNotAcquiredError, distributed_lock, get_lock_info
@@ -214,3 +216,36 @@ def test_lock_is_released_when_the_function_raises():
     with pytest.raises(RuntimeError):
         f()
     assert not Lock("boom").locked()
+
+
+# -- on a management command's handle: the command adapter -----------------------------------
+
+
+class _Guarded(BaseCommand):
+    @distributed_lock("adapter-skip", on_busy="skip")
+    def handle(self, *args, **options):
+        self.stdout.write("ran")
+
+
+class _Lost(BaseCommand):
+    @distributed_lock("adapter-lost", timeout=0.3)
+    def handle(self, *args, **options):
+        from django_redislock import force_release
+
+        force_release("adapter-lost")
+
+
+def test_a_skipped_command_says_why_unless_verbosity_0(busy):
+    busy("adapter-skip")
+    out = io.StringIO()
+    call_command(_Guarded(), stdout=out)
+    assert "Skipped: lock 'adapter-skip' is busy (held by" in out.getvalue()
+    quiet = io.StringIO()
+    call_command(_Guarded(), stdout=quiet, verbosity=0)
+    assert quiet.getvalue() == ""
+
+
+def test_a_lock_lost_in_a_command_is_a_command_error():
+    with pytest.raises(CommandError, match="was lost") as raised:
+        call_command(_Lost())
+    assert raised.value.returncode == 1

@@ -336,3 +336,17 @@ def test_backend_problem_names_the_cache_and_hides_the_password():
         "Redis is unreachable (cache 'default' at redis://:***@127.0.0.1:1/0)"
     )
     assert "CACHES['default']['LOCATION']" in summary
+
+
+def test_a_non_string_value_under_a_lock_key_lists_as_unreadable_and_can_be_released(
+    redis_client,
+):
+    from django_redislock.keys import keyspace
+
+    key = keyspace().lock("hashed")
+    redis_client.hset(key, "field", "value")
+    [info] = list(list_locks(match="hashed"))
+    assert info.unreadable and "not a string" in info.raw_excerpt
+    assert get_lock_info("hashed").unreadable
+    assert force_release("hashed", token=0) is True
+    assert not redis_client.exists(key)
