@@ -11,11 +11,13 @@ from django_redislock.exceptions import (
 )
 from django_redislock.lock import Lock
 from django_redislock.operations import LockInfo, force_release, get_lock_info, list_locks
+from django_redislock.semaphore import AsyncSemaphore, Semaphore
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncLock",
+    "AsyncSemaphore",
     "Lock",
     "LockBackendError",
     "LockError",
@@ -23,6 +25,7 @@ __all__ = [
     "LockLostError",
     "LockNotAcquiredError",
     "LockNotOwnedError",
+    "Semaphore",
     "distributed_lock",
     "force_release",
     "get_lock_info",

@@ -22,7 +22,6 @@ import logging
 from types import TracebackType
 from typing import Any
 
-from django_redislock import client as redis_client
 from django_redislock import connection, engine, holds
 from django_redislock.exceptions import LockBackendError, LockNotOwnedError
 
@@ -77,17 +76,12 @@ class AsyncLock(engine.LockBase):
         self._renewed(int(await self._renew_call(ms, "add").async_(self)))
 
     async def locked(self) -> bool:
-        """Held by anyone."""
-        spec = self._spec()
-        with connection.backend_errors(f"inspect lock {self.name!r}"):
-            return await redis_client.alock_exists(await self._aclient(), spec.lock_key)
+        """Held by anyone (one round trip)."""
+        return self._locked_from(await self._locked_op().async_(self))
 
     async def owned(self) -> bool:
         """Held by this owner (this task, by default)."""
-        spec = self._spec()
-        with connection.backend_errors(f"inspect lock {self.name!r}"):
-            record = await redis_client.aread_lock(await self._aclient(), spec.lock_key)
-        return self._owned_from(record)
+        return self._owned_from(await self._owned_op().async_(self))
 
     def detach(self) -> tuple[int, int | None]:
         """See :meth:`Lock.detach`."""

@@ -24,6 +24,7 @@ __all__ = [
     "lock_exists",
     "read_lock",
     "read_locks",
+    "read_semaphores",
     "read_stats",
     "scan_keys",
     "write_stats",
@@ -74,6 +75,44 @@ async def aread_lock(client: Any, key: str) -> LockRecord | None:
         raise_on_error=False
     )
     return next(iter(_parse_reads([key], values)), None)
+
+
+def read_semaphores(
+    client: Any, keys: Sequence[tuple[str, str]]
+) -> list[tuple[str, int, list[LockRecord]]]:
+    """Permits of semaphores in one round trip: ``(sem key, permits, records)`` per
+    ``(sem key, records key)``; each record's ``pttl_ms`` is its permit's remaining lease.
+    Permits whose lease ended (not yet purged) are left out."""
+    if not keys:
+        return []
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    for sem_key, rec_key in keys:
+        pipe.zrange(sem_key, 0, -1, withscores=True)
+        pipe.hgetall(rec_key)
+    values = pipe.execute(raise_on_error=False)
+    seconds, micros = values[0]
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    found = []
+    for i, (sem_key, _) in enumerate(keys):
+        scores, fields = values[1 + 2 * i], values[2 + 2 * i]
+        if isinstance(scores, Exception) or isinstance(fields, Exception):
+            continue
+        text = {_text(k): v for k, v in fields.items()}
+        records = []
+        for token, expiry in scores:
+            left = int(expiry) - now_ms
+            raw = text.get(_text(token))
+            if left > 0 and raw is not None:
+                records.append(parse_record(sem_key, raw, left))
+        permits = int(text.get("permits") or 1)
+        if records:
+            found.append((sem_key, permits, records))
+    return found
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def lock_exists(client: Any, key: str) -> bool:

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 from redis import exceptions as redis_errors
 
+from django_redislock import client as redis_client
 from django_redislock import connection, holds, scripts, signals, wakeups
 from django_redislock.conf import MIN_LEASE, LockSettings, check_seconds, get_settings
 from django_redislock.exceptions import (
@@ -228,6 +229,36 @@ class Subscribe(Op):
         return await asyncio.to_thread(self.listener.ensure, self.timeout)
 
 
+@dataclass
+class Exists(Op):
+    """``EXISTS`` of one key (is the lock held by anyone)."""
+
+    key: str
+
+    def sync(self, face: LockBase) -> bool:
+        with connection.backend_errors(f"inspect lock {face.name!r}"):
+            return redis_client.lock_exists(face._target().client, self.key)
+
+    async def async_(self, face: LockBase) -> bool:
+        with connection.backend_errors(f"inspect lock {face.name!r}"):
+            return await redis_client.alock_exists(await face._aclient(), self.key)
+
+
+@dataclass
+class ReadRecord(Op):
+    """The record stored under a lock key (``None`` when free)."""
+
+    key: str
+
+    def sync(self, face: LockBase) -> Any:
+        with connection.backend_errors(f"inspect lock {face.name!r}"):
+            return redis_client.read_lock(face._target().client, self.key)
+
+    async def async_(self, face: LockBase) -> Any:
+        with connection.backend_errors(f"inspect lock {face.name!r}"):
+            return await redis_client.aread_lock(await face._aclient(), self.key)
+
+
 Flow = Generator[Op, Any, Any]
 
 
@@ -300,20 +331,12 @@ class _Spec:
     """A lock's resolved keys and arguments under one settings object (the hot path builds none)."""
 
     target: Target
-    lock_key: str
-    script_keys: list[str]  # lock, fence, queue
+    lock_key: str  # the key holding the lock (a semaphore's permit set)
+    script_keys: list[str]  # the KEYS of acquire/release/cancel
     lease: float
     lease_ms: int
     claim_ms: int
     ident: tuple[str, str]  # (alias, lock key); + owner = the hold table key
-
-
-@dataclass
-class _Released:
-    """The outcome of one release, for the face to finish (signals)."""
-
-    hold: Hold | None
-    left: int
 
 
 class LockBase:
@@ -386,17 +409,30 @@ class LockBase:
             target = target_for(self.using)
             keys = target.keys
             lease = self._timeout if self._timeout is not None else settings.timeout
-            lock_key = keys.lock(self.name)
+            script_keys = self._script_keys(keys)
+            lock_key = script_keys[0]
             spec = self._spec_cache = _Spec(
                 target=target,
                 lock_key=lock_key,
-                script_keys=[lock_key, keys.fence(self.name), keys.queue(self.name)],
+                script_keys=script_keys,
                 lease=lease,
                 lease_ms=max(1, int(lease * 1000)),
                 claim_ms=max(1, int(min(CLAIM_WINDOW, lease) * 1000)),
                 ident=(target.alias, lock_key),
             )
         return spec
+
+    def _script_keys(self, keys: KeySpace) -> list[str]:
+        return [keys.lock(self.name), keys.fence(self.name), keys.queue(self.name)]
+
+    def _hold_ident(self, spec: _Spec, owner: str, token: int) -> tuple[str, str, str]:
+        """The hold table key: one hold per (lock, owner), however often it nests."""
+        return (*spec.ident, owner)
+
+    def _renew_args(
+        self, spec: _Spec, owner: str, token: int | None, ms: int, mode: str
+    ) -> tuple[scripts.Script, list[str], list[Any]]:
+        return scripts.RENEW, [spec.lock_key], [owner, ms, mode]
 
     @property
     def timeout(self) -> float:
@@ -413,6 +449,15 @@ class LockBase:
     def _hold(self) -> Hold | None:
         spec = self._spec()
         return holds.get((*spec.ident, self.owner))
+
+    def _locked_op(self) -> Op:
+        return Exists(self._spec().lock_key)
+
+    def _owned_op(self) -> Op:
+        return ReadRecord(self._spec().lock_key)
+
+    def _locked_from(self, reply: Any) -> bool:
+        return bool(reply)
 
     # -- state --------------------------------------------------------------------------------
     @property
@@ -582,9 +627,10 @@ class LockBase:
     def _acquired(
         self, spec: _Spec, owner: str, token: int, count: int, started: float, contended: bool
     ) -> bool:
-        ident = (*spec.ident, owner)
+        ident = self._hold_ident(spec, owner, token)
         hold = holds.get(ident)
         if hold is None or hold.lost or count == 1:
+            script, keys, args = self._renew_args(spec, owner, token, spec.lease_ms, "set")
             hold = Hold(
                 ident=ident,
                 name=self.name,
@@ -593,12 +639,7 @@ class LockBase:
                 count=count,
                 lease=spec.lease,
                 auto_renew=self.auto_renew,
-                renew=(
-                    spec.target.client,
-                    scripts.RENEW,
-                    [spec.lock_key],
-                    [owner, spec.lease_ms, "set"],
-                ),
+                renew=(spec.target.client, script, keys, args),
                 stats_name=self.stats_name,
                 kind=self.kind,
                 sender=type(self),
@@ -622,12 +663,8 @@ class LockBase:
             hold.count = count
             if spec.lease > hold.lease:
                 hold.lease = spec.lease
-                hold.renew = (
-                    hold.renew[0],
-                    hold.renew[1],
-                    hold.renew[2],
-                    [owner, spec.lease_ms, "set"],
-                )
+                script, keys, args = self._renew_args(spec, owner, token, spec.lease_ms, "set")
+                hold.renew = (hold.renew[0], script, keys, args)
             self._last[owner] = hold
         return True
 
@@ -681,12 +718,10 @@ class LockBase:
 
     def _renew_call(self, ms: int, mode: str) -> Call:
         spec = self._spec()
-        return Call(
-            scripts.RENEW,
-            [spec.lock_key],
-            [self.owner, ms, mode],
-            f"renew lock {self.name!r}",
-        )
+        hold = self._hold()
+        token = hold.token if hold is not None else None
+        script, keys, args = self._renew_args(spec, self.owner, token, ms, mode)
+        return Call(script, keys, args, f"renew lock {self.name!r}")
 
     def _renewed(self, ok: int) -> None:
         if not ok:

@@ -66,8 +66,19 @@ class KeySpace:
     def queue(self, name: str) -> str:
         return f"{self.namespace}:queue:{{{tag_of(name)}}}"
 
-    def wake_prefix(self, name: str) -> str:
-        return f"{self.namespace}:wake:{{{tag_of(name)}}}:"
+    def semaphore(self, name: str) -> str:
+        return f"{self.namespace}:sem:{{{tag_of(name)}}}"
+
+    def semaphore_records(self, name: str) -> str:
+        return f"{self.namespace}:semrec:{{{tag_of(name)}}}"
+
+    def semaphore_queue(self, name: str) -> str:
+        return f"{self.namespace}:semq:{{{tag_of(name)}}}"
+
+    @property
+    def wake_channel_prefix(self) -> str:
+        """Channels (not keys) a waiter's process listens on: this + its process token."""
+        return f"{self.namespace}:wake:"
 
     def stats(self, stats_name: str) -> str:
         return f"{self.namespace}:stats:{stats_name}"
@@ -85,11 +96,25 @@ class KeySpace:
         glob = "*" if not match else "".join(_TAG_ESCAPES.get(c, c) for c in match)
         return f"{escape_glob(self.namespace)}:lock:{{{glob}}}"
 
+    def holder_pattern(self, match: str | None = None) -> str:
+        """SCAN pattern for lock *and* semaphore keys (``lock:``/``sem:``; it also matches
+        ``semrec:``/``semq:``, which :meth:`kind_of` sorts out)."""
+        glob = "*" if not match else "".join(_TAG_ESCAPES.get(c, c) for c in match)
+        return f"{escape_glob(self.namespace)}:?[oe][cm]*:{{{glob}}}"
+
+    def kind_of(self, key: str) -> str | None:
+        """``"lock"`` or ``"semaphore"`` for a holder key of this namespace, else ``None``."""
+        for kind, segment in (("lock", "lock"), ("semaphore", "sem")):
+            if key.startswith(f"{self.namespace}:{segment}:{{") and key.endswith("}"):
+                return kind
+        return None
+
     def name_of(self, key: str) -> str:
-        """The lock name of a lock key of this namespace (``ValueError`` for any other key)."""
-        head = f"{self.namespace}:lock:{{"
-        if not (key.startswith(head) and key.endswith("}")):
+        """The lock name of a lock or semaphore key of this namespace (``ValueError`` else)."""
+        kind = self.kind_of(key)
+        if kind is None:
             raise ValueError(f"{key!r} is not a lock key of namespace {self.namespace!r}")
+        head = f"{self.namespace}:{'lock' if kind == 'lock' else 'sem'}:{{"
         return name_of_tag(key[len(head) : -1])
 
 

@@ -23,8 +23,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from django_redislock import client as redis_client
-from django_redislock import connection, engine
+from django_redislock import engine
 from django_redislock.exceptions import LockBackendError, LockError, LockNotOwnedError
 from django_redislock.holds import register_task_id_provider, thread_owner
 
@@ -83,17 +82,12 @@ class Lock(engine.LockBase):
         self._renewed(int(self._renew_call(ms, "add").sync(self)))
 
     def locked(self) -> bool:
-        """Held by anyone (one ``EXISTS``)."""
-        spec = self._spec()
-        with connection.backend_errors(f"inspect lock {self.name!r}"):
-            return redis_client.lock_exists(spec.target.client, spec.lock_key)
+        """Held by anyone (one round trip)."""
+        return self._locked_from(self._locked_op().sync(self))
 
     def owned(self) -> bool:
         """Held by this owner; :class:`LockError` if the stored value is not a lock record."""
-        spec = self._spec()
-        with connection.backend_errors(f"inspect lock {self.name!r}"):
-            record = redis_client.read_lock(spec.target.client, spec.lock_key)
-        return self._owned_from(record)
+        return self._owned_from(self._owned_op().sync(self))
 
     def detach(self) -> tuple[int, int | None]:
         """Forget this process's record of the hold, leaving the lock in Redis untouched.

@@ -122,7 +122,7 @@ def describe_holder(info: LockInfo) -> str:
     )
 
 
-def _info(keys: KeySpace, record: LockRecord) -> LockInfo:
+def _info(keys: KeySpace, record: LockRecord, permits: int = 1) -> LockInfo:
     meta = record.meta
     pid = meta.get("pid")
     try:
@@ -142,6 +142,8 @@ def _info(keys: KeySpace, record: LockRecord) -> LockInfo:
         # A value without a TTL (pttl -1: only something else writes such values) never expires.
         expires_in=record.pttl_ms / 1000 if record.pttl_ms >= 0 else float("inf"),
         queued=bool(meta.get("queued")),
+        kind=keys.kind_of(record.key) or "lock",
+        permits=permits,
         unreadable=record.unreadable,
         raw_excerpt=record.raw_excerpt,
     )
@@ -167,10 +169,21 @@ def lock_page(
     keys = keyspace(using)
     with connection.backend_errors("list locks"):
         next_cursor, found = redis_client.scan_keys(
-            client, keys.lock_pattern(match), cursor=cursor, count=count
+            client, keys.holder_pattern(match), cursor=cursor, count=count
         )
-        records = redis_client.read_locks(client, found)
-    return next_cursor, [_info(keys, r) for r in records]
+        infos = _read_holders(client, keys, found)
+    return next_cursor, infos
+
+
+def _read_holders(client: Any, keys: KeySpace, found: list[str]) -> list[LockInfo]:
+    """Infos of lock and semaphore keys (other keys are ignored), in one or two round trips."""
+    lock_keys = [k for k in found if keys.kind_of(k) == "lock"]
+    sem_keys = [k for k in found if keys.kind_of(k) == "semaphore"]
+    infos = [_info(keys, r) for r in redis_client.read_locks(client, lock_keys)]
+    pairs = [(k, keys.semaphore_records(keys.name_of(k))) for k in sem_keys]
+    for _, permits, records in redis_client.read_semaphores(client, pairs):
+        infos.extend(_info(keys, r, permits) for r in records)
+    return infos
 
 
 def list_locks(*, match: str | None = None, using: str | None = None) -> Iterator[LockInfo]:
@@ -188,18 +201,19 @@ def list_locks(*, match: str | None = None, using: str | None = None) -> Iterato
 
 
 def get_lock_info(name: str, *, using: str | None = None) -> LockInfo | None:
-    """The active lock called ``name``, or ``None``."""
-    client = connection.get_client(using)
-    keys = keyspace(using)
-    with connection.backend_errors(f"inspect lock {name!r}"):
-        record = redis_client.read_lock(client, keys.lock(name))
-    return None if record is None else _info(keys, record)
+    """The active lock called ``name``, or ``None``; for a semaphore, its oldest permit."""
+    holders = lock_holders(name, using=using)
+    return holders[0] if holders else None
 
 
 def lock_holders(name: str, *, using: str | None = None) -> list[LockInfo]:
-    """Every holder of ``name``: one entry for a lock, one per held permit of a semaphore."""
-    info = get_lock_info(name, using=using)
-    return [] if info is None else [info]
+    """Every holder of ``name``: one entry for a lock, one per held permit of a semaphore
+    (oldest permit first)."""
+    client = connection.get_client(using)
+    keys = keyspace(using)
+    with connection.backend_errors(f"inspect lock {name!r}"):
+        infos = _read_holders(client, keys, [keys.lock(name), keys.semaphore(name)])
+    return sorted(infos, key=lambda info: (info.kind != "lock", info.fencing_token))
 
 
 # -- paging and sorting ----------------------------------------------------------------------------
@@ -354,24 +368,37 @@ def force_release_info(
 
     target = target_for(using)
     keys = target.keys
+    common = [target.channel_prefix, target.trust_publish, int(CLAIM_WINDOW * 1000)]
+    expected = "" if token is None else str(token)
     with connection.backend_errors(f"force-release lock {name!r}"):
         reply = scripts.FORCE_RELEASE(
             target.client,
             [keys.lock(name), keys.fence(name), keys.queue(name)],
-            [
-                "" if token is None else str(token),
-                target.channel_prefix,
-                target.trust_publish,
-                int(CLAIM_WINDOW * 1000),
-            ],
+            [expected, *common],
         )
-    released, current = int(reply[0]), int(reply[1])
+        released_infos: list[LockInfo] = []
+        if int(reply[0]):
+            released_infos.append(_info(keys, parse_record(keys.lock(name), reply[2], 0)))
+        else:
+            # Not a lock (or not under that token): perhaps permits of a semaphore.
+            sem_reply = scripts.SEM_FORCE_RELEASE(
+                target.client,
+                [
+                    keys.semaphore(name),
+                    keys.semaphore_records(name),
+                    keys.fence(name),
+                    keys.semaphore_queue(name),
+                ],
+                [expected, *common],
+            )
+            for i in range(int(sem_reply[0])):
+                record = parse_record(keys.semaphore(name), sem_reply[2 + 2 * i], 0)
+                released_infos.append(_info(keys, record))
+    current = int(reply[1]) or (released_infos[0].fencing_token if released_infos else 0)
     signals.lock_force_released.send_robust(
-        None, name=name, token=current or None, using=using, released=bool(released)
+        None, name=name, token=current or None, using=using, released=bool(released_infos)
     )
-    if not released:
-        return []
-    return [_info(keys, parse_record(keys.lock(name), reply[2], 0))]
+    return released_infos
 
 
 def force_release(name: str, *, token: int | None = None, using: str | None = None) -> bool:

@@ -26,6 +26,12 @@ __all__ = [
     "FORCE_RELEASE",
     "RELEASE",
     "RENEW",
+    "SEM_ACQUIRE",
+    "SEM_CANCEL",
+    "SEM_FORCE_RELEASE",
+    "SEM_INSPECT",
+    "SEM_RELEASE",
+    "SEM_RENEW",
     "Script",
     "run_pipeline",
 ]
@@ -113,3 +119,9 @@ RELEASE = Script("release.lua")
 RENEW = Script("renew.lua")
 CANCEL = Script("cancel.lua")
 FORCE_RELEASE = Script("force_release.lua")
+SEM_ACQUIRE = Script("sem_acquire.lua")
+SEM_RELEASE = Script("sem_release.lua")
+SEM_RENEW = Script("sem_renew.lua")
+SEM_CANCEL = Script("sem_cancel.lua")
+SEM_FORCE_RELEASE = Script("sem_force_release.lua")
+SEM_INSPECT = Script("sem_inspect.lua")

@@ -94,10 +94,11 @@ class Watchdog:
                 time.sleep(RETRY_AFTER)
 
     def renew_now(self, due: list[Hold]) -> None:
-        """Renew ``due`` with one pipeline per client; mark the ones found gone as lost."""
-        by_client: dict[int, list[Hold]] = {}
+        """Renew ``due`` with one pipeline per client and script; mark the ones found gone as
+        lost (locks and semaphore permits renew with different scripts)."""
+        by_client: dict[tuple[int, str], list[Hold]] = {}
         for hold in due:
-            by_client.setdefault(id(hold.client), []).append(hold)
+            by_client.setdefault((id(hold.client), hold.renew[1].sha), []).append(hold)
         for group in by_client.values():
             calls = [(h.renew[2], h.renew[3]) for h in group]
             try:

@@ -74,6 +74,48 @@ local function channel_of(prefix, waiter)
   return prefix .. string.match(waiter, '^([^.]*)')
 end
 
+-- Queue a waiter (or refresh its entry in place, keeping its position). The list lives as long
+-- as its longest-lived entry. Returns the entry.
+local function enqueue(queue_key, entry_ms, waiter, owner, meta, prev, now)
+  local entry = string.format('%d\n%s\n%s\n%s', now + entry_ms, waiter, owner, meta)
+  local at = false
+  if prev ~= '' then at = redis.call('LPOS', queue_key, prev) end
+  if at then
+    redis.call('LSET', queue_key, at, entry)
+  else
+    redis.call('RPUSH', queue_key, entry)
+  end
+  if redis.call('PTTL', queue_key) < entry_ms then redis.call('PEXPIRE', queue_key, entry_ms) end
+  return entry
+end
+
+-- Tell the next waiter in line to re-check when the claim window of a hand-off ends.
+local function tell_next(queue_key, prefix, claim_ms)
+  local nxt = redis.call('LINDEX', queue_key, 0)
+  if nxt then
+    local _, w2 = parse_entry(nxt)
+    if w2 then
+      redis.call('PUBLISH', channel_of(prefix, w2), 'r ' .. w2 .. ' ' .. claim_ms)
+    end
+  end
+end
+
+-- Pop queue entries until one belongs to a live waiter: returns its waiter, owner and metadata
+-- after telling its process ("h <waiter>"), or nil when nobody live waits. A waiter whose
+-- process no longer listens (PUBLISH reaches nobody) is skipped when `trust` is "1".
+local function next_waiter(queue_key, prefix, trust, now)
+  local entry = redis.call('LPOP', queue_key)
+  while entry do
+    local x, w, o, m = parse_entry(entry)
+    if x and tonumber(x) > now then
+      local heard = redis.call('PUBLISH', channel_of(prefix, w), 'h ' .. w)
+      if heard > 0 or trust ~= '1' then return w, o, m end
+    end
+    entry = redis.call('LPOP', queue_key)
+  end
+  return nil
+end
+
 -- Give the lock to the oldest live waiter, or delete it when nobody waits.
 --
 -- The lock is written for the waiter with a short claim window (claim_ms) and the waiter's
@@ -86,31 +128,86 @@ end
 -- Entries whose expiry passed belong to waiters that gave up or died and are dropped.
 -- Returns the new holder's token, or false when the lock was deleted.
 local function hand_off(lock_key, fence_key, queue_key, prefix, trust, claim_ms)
-  local entry = redis.call('LPOP', queue_key)
-  if not entry then
+  if redis.call('LLEN', queue_key) == 0 then
     redis.call('DEL', lock_key)
     return false
   end
   local now = server_ms()
-  while entry do
-    local x, w, o, m = parse_entry(entry)
-    if x and tonumber(x) > now then
-      local heard = redis.call('PUBLISH', channel_of(prefix, w), 'h ' .. w)
-      if heard > 0 or trust ~= '1' then
-        local token = next_token(fence_key)
-        redis.call('SET', lock_key, record(o, 1, token, now, w, m), 'PX', claim_ms)
-        local nxt = redis.call('LINDEX', queue_key, 0)
-        if nxt then
-          local _, w2 = parse_entry(nxt)
-          if w2 then
-            redis.call('PUBLISH', channel_of(prefix, w2), 'r ' .. w2 .. ' ' .. claim_ms)
-          end
-        end
-        return token
-      end
-    end
-    entry = redis.call('LPOP', queue_key)
+  local w, o, m = next_waiter(queue_key, prefix, trust, now)
+  if not w then
+    redis.call('DEL', lock_key)
+    return false
   end
-  redis.call('DEL', lock_key)
-  return false
+  local token = next_token(fence_key)
+  redis.call('SET', lock_key, record(o, 1, token, now, w, m), 'PX', claim_ms)
+  tell_next(queue_key, prefix, claim_ms)
+  return token
+end
+
+-- Semaphores: <ns>:sem:{name} is a sorted set of fencing tokens scored by their expiry (server
+-- ms): a lease per permit, so a crashed holder frees its permit when its lease ends.
+-- <ns>:semrec:{name} is a hash: token -> the permit's record (as for locks), "permits" -> the
+-- limit last used, "w:<waiter>" -> the token reserved for a woken waiter until it claims it.
+
+-- Drop permits whose lease ended.
+local function sem_purge(sem_key, rec_key, now)
+  local dead = redis.call('ZRANGEBYSCORE', sem_key, '-inf', now)
+  for _, token in ipairs(dead) do
+    local rec = redis.call('HGET', rec_key, token)
+    if rec then
+      local w = string.match(rec, ',"w":"([^"]*)",')
+      if w then redis.call('HDEL', rec_key, 'w:' .. w) end
+      redis.call('HDEL', rec_key, token)
+    end
+  end
+  if #dead > 0 then redis.call('ZREMRANGEBYSCORE', sem_key, '-inf', now) end
+end
+
+-- Both keys live exactly as long as their longest permit.
+local function sem_touch(sem_key, rec_key)
+  local last = redis.call('ZRANGE', sem_key, -1, -1, 'WITHSCORES')
+  if last[2] then
+    redis.call('PEXPIREAT', sem_key, last[2])
+    redis.call('PEXPIREAT', rec_key, last[2])
+  else
+    redis.call('DEL', sem_key, rec_key)
+  end
+end
+
+-- Take a permit for `owner` (reserved for `waiter`, with the claim window as lease, when given).
+local function sem_take(sem_key, rec_key, fence_key, owner, lease_ms, meta, waiter, now)
+  local token = next_token(fence_key)
+  redis.call('ZADD', sem_key, now + lease_ms, token)
+  redis.call('HSET', rec_key, token, record(owner, 1, token, now, waiter, meta))
+  if waiter then redis.call('HSET', rec_key, 'w:' .. waiter, token) end
+  return token
+end
+
+-- A woken waiter confirms the permit reserved for it: the full lease starts now.
+local function sem_claim(sem_key, rec_key, waiter, owner, lease_ms, meta, now)
+  local token = redis.call('HGET', rec_key, 'w:' .. waiter)
+  if not token then return nil end
+  redis.call('HDEL', rec_key, 'w:' .. waiter)
+  local rec = redis.call('HGET', rec_key, token)
+  local pos = rec and owner_end(rec, owner)
+  if not pos or not redis.call('ZSCORE', sem_key, token) then return nil end
+  local _, t, at = fields_at(rec, pos)
+  redis.call('ZADD', sem_key, now + lease_ms, token)
+  redis.call('HSET', rec_key, token, record(owner, 1, t, at, nil, meta))
+  return t
+end
+
+-- Reserve free permits for the oldest live waiters (the semaphore's hand_off).
+local function sem_hand_off(sem_key, rec_key, fence_key, queue_key, prefix, trust, claim_ms, now)
+  local permits = tonumber(redis.call('HGET', rec_key, 'permits')) or 1
+  local handed = 0
+  while redis.call('ZCARD', sem_key) < permits and redis.call('LLEN', queue_key) > 0 do
+    local w, o, m = next_waiter(queue_key, prefix, trust, now)
+    if not w then break end
+    sem_take(sem_key, rec_key, fence_key, o, claim_ms, m, w, now)
+    handed = handed + 1
+  end
+  if handed > 0 then tell_next(queue_key, prefix, claim_ms) end
+  sem_touch(sem_key, rec_key)
+  return handed
 end

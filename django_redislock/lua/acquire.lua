@@ -49,14 +49,5 @@ end
 local pttl = redis.call('PTTL', KEYS[1])
 if waiter == '' then return {0, pttl, ''} end
 
-local entry_lease = tonumber(ARGV[5])
-local entry = string.format('%d\n%s\n%s\n%s', server_ms() + entry_lease, waiter, owner, ARGV[3])
-local at = false
-if prev ~= '' then at = redis.call('LPOS', KEYS[3], prev) end
-if at then
-  redis.call('LSET', KEYS[3], at, entry)
-else
-  redis.call('RPUSH', KEYS[3], entry)
-end
-if redis.call('PTTL', KEYS[3]) < entry_lease then redis.call('PEXPIRE', KEYS[3], entry_lease) end
+local entry = enqueue(KEYS[3], tonumber(ARGV[5]), waiter, owner, ARGV[3], prev, server_ms())
 return {0, pttl, entry}

@@ -53,9 +53,11 @@ class CommandAdapter:
         command.stdout.write(f"Skipped: lock {name!r} is busy{holder}.")
 
     def failed(self, args: tuple[Any, ...], exc: LockError) -> BaseException | None:
-        if self._command(args) is None or isinstance(exc, CommandError):
+        command = self._command(args)
+        if command is None or isinstance(exc, CommandError):
             return None
-        return CommandError(str(exc), returncode=1)
+        describe = getattr(command, "lock_error_message", None)  # LockedCommand's wording
+        return CommandError(describe(exc) if callable(describe) else str(exc), returncode=1)
 
 
 command_adapter = CommandAdapter()
