@@ -547,6 +547,11 @@ class LockBase:
                 now = time.monotonic()
                 span = min(deadline - now, spec.lease)
                 entry_ms = int((max(span, 0.0) + ENTRY_MARGIN) * 1000)
+                if waiter is not None:
+                    # Reset before the call, never after: a hand-off message arriving while the
+                    # call is in flight must not be forgotten.
+                    waiter.handed = False
+                    waiter.recheck_at = float("inf")
                 try:
                     reply = yield self._acquire_call(
                         spec, owner, meta, waiter.id if waiter and queued else "", entry, entry_ms
@@ -590,8 +595,8 @@ class LockBase:
                 entry = _text(extra)
                 # PTTL -1: a value without expiry (not ours): re-check once per span.
                 holder_left = int(value) / 1000 if int(value) >= 0 else span
-                waiter.handed = False
-                waiter.recheck_at = time.monotonic() + max(0.001, min(holder_left, span))
+                planned = time.monotonic() + max(0.001, min(holder_left, span))
+                waiter.recheck_at = min(waiter.recheck_at, planned)
                 if time.monotonic() < deadline:
                     yield Wait(waiter, deadline)
                 if not waiter.handed and time.monotonic() >= deadline:

@@ -244,6 +244,9 @@ def test_three_permits_under_six_processes(redis_client, tmp_path):
     code = (
         "import django, json, os, sys, time; os.environ.setdefault('DJANGO_SETTINGS_MODULE', "
         "'tests.settings'); django.setup(); from django_redislock import Semaphore\n"
+        "from django_redislock.connection import get_client\n"
+        "r = get_client(); r.incr('six-ready')\n"  # start together: a barrier on Redis
+        "while int(r.get('six-ready')) < 6: time.sleep(0.005)\n"
         "out = []\n"
         "for _ in range(200):\n"
         "    with Semaphore('six', 3, timeout=10) as s:\n"
@@ -282,5 +285,5 @@ def test_three_permits_under_six_processes(redis_client, tmp_path):
     # Fairness while all six competed: acquisitions per process in the common window.
     window = (max(r[0][0] for r in results), min(r[-1][1] for r in results))
     counts = [sum(window[0] <= start <= window[1] for start, _, _ in r) for r in results]
-    assert min(counts) > 0
+    assert min(counts) > 0, [(r[0][0], r[-1][1], len(r)) for r in results]
     assert sum(counts) ** 2 / (len(counts) * sum(c * c for c in counts)) >= 0.9
