@@ -18,6 +18,7 @@ from django_redislock.engine import check_bool
 from django_redislock.exceptions import LockError, LockNotAcquiredError
 from django_redislock.lock import Lock
 from django_redislock.naming import KeySpec, compile_key
+from django_redislock.semaphore import AsyncSemaphore, Semaphore, check_permits
 
 __all__ = ["CallAdapter", "distributed_lock", "register_adapter"]
 
@@ -96,6 +97,7 @@ def distributed_lock(
     on_busy: OnBusy = "raise",
     using: str | None = None,
     on_commit: bool | str = False,
+    permits: int | None = None,
 ) -> Callable[[F], F]:
     """Run the decorated function only while holding the lock named by ``key``.
 
@@ -108,6 +110,9 @@ def distributed_lock(
 
     On an ``async def`` function the lock is an :class:`~django_redislock.AsyncLock` (same
     templates, ``on_busy`` — which may then be a coroutine function — and waiting rules).
+
+    ``permits=N`` runs at most N calls per key at once (a :class:`~django_redislock.Semaphore`,
+    one permit per call) instead of one.
 
     Waiting: with ``on_busy="raise"`` a busy lock is waited for (``blocking_timeout``, else
     ``REDISLOCK["BLOCKING_TIMEOUT"]``). With ``"skip"`` or a callable — "skip if already running"
@@ -127,6 +132,15 @@ def distributed_lock(
         "on_commit": on_commit,
     }
     Lock("options-check", **options)  # validates using/on_commit now, without touching Redis
+    if permits is not None:
+        check_permits(permits)
+        if on_commit:
+            raise ValueError("on_commit is for locks: a semaphore permit is released at once")
+        del options["on_commit"]
+        sync_kind: Any = functools.partial(Semaphore, permits=permits)
+        async_kind: Any = functools.partial(AsyncSemaphore, permits=permits)
+    else:
+        sync_kind, async_kind = Lock, AsyncLock
 
     def decorate(func: F) -> F:
         name_of = compile_key(key, func)
@@ -153,7 +167,7 @@ def distributed_lock(
 
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                lock = AsyncLock(name_of(*args, **kwargs), stats_name=stats_name, **options)
+                lock = async_kind(name_of(*args, **kwargs), stats_name=stats_name, **options)
                 try:
                     if not await lock.acquire():
                         result = busy(args, kwargs, lock.name)
@@ -171,7 +185,7 @@ def distributed_lock(
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            lock = Lock(name_of(*args, **kwargs), stats_name=stats_name, **options)
+            lock = sync_kind(name_of(*args, **kwargs), stats_name=stats_name, **options)
             try:
                 if not lock.acquire():
                     return busy(args, kwargs, lock.name)

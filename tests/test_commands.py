@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from io import StringIO
 
@@ -16,7 +18,7 @@ from django_redislock import Lock, force_release, get_lock_info, operations, sta
 from django_redislock.keys import keyspace
 from django_redislock.management.base import LockedCommand
 from django_redislock.management.commands import redislock as redislock_command
-from tests.conftest import ROOT, hold, subprocess_env
+from tests.conftest import ROOT, hold, subprocess_env, wait_for
 from tests.redis_server import free_port
 
 GARBAGE = b"\xff\xfe garbage"
@@ -506,3 +508,24 @@ def test_redislock_with_redis_down_is_one_line_and_exit_1(args):
     assert line.startswith(f"CommandError: Redis is unreachable (cache 'default' at {url}/0)")
     assert result.stderr.strip() == line
     assert result.stdout == ""
+
+
+def test_a_locked_command_with_two_permits_runs_twice_at_once_not_thrice():
+    from django_redislock import list_locks
+
+    outputs: list[str] = []
+
+    def run() -> None:
+        out = io.StringIO()
+        call_command("pair_guarded", "--seconds", "1.5", stdout=out)
+        outputs.append(out.getvalue())
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: len(list(list_locks(match="command:pair_guarded"))) == 2)
+    with pytest.raises(CommandError, match="already running"):
+        call_command("pair_guarded", stdout=io.StringIO(), stderr=io.StringIO())
+    for thread in threads:
+        thread.join(10)
+    assert [o.count("started") for o in outputs] == [1, 1]

@@ -287,3 +287,38 @@ def test_three_permits_under_six_processes(redis_client, tmp_path):
     counts = [sum(window[0] <= start <= window[1] for start, _, _ in r) for r in results]
     assert min(counts) > 0, [(r[0][0], r[-1][1], len(r)) for r in results]
     assert sum(counts) ** 2 / (len(counts) * sum(c * c for c in counts)) >= 0.9
+
+
+def test_distributed_lock_with_permits_runs_at_most_n_at_once():
+    from django_redislock import distributed_lock
+
+    inside: list[int] = []
+    peak: list[int] = []
+    gate = threading.Barrier(2, timeout=10)
+
+    @distributed_lock("report:{kind}", permits=2, blocking_timeout=0)
+    def report(kind: str) -> str:
+        inside.append(1)
+        peak.append(len(inside))
+        gate.wait()  # both allowed calls are inside at the same time
+        time.sleep(0.2)
+        inside.pop()
+        return "ran"
+
+    results: list[object] = []
+    threads = [threading.Thread(target=lambda: results.append(report("daily"))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: len(inside) == 2)
+    with pytest.raises(LockNotAcquiredError):
+        report("daily")  # a third call finds both permits taken
+    for thread in threads:
+        thread.join(10)
+    assert results == ["ran", "ran"] and max(peak) == 2
+
+
+def test_permits_refuse_on_commit():
+    from django_redislock import distributed_lock
+
+    with pytest.raises(ValueError, match="on_commit"):
+        distributed_lock("x", permits=2, on_commit=True)

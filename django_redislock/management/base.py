@@ -57,6 +57,8 @@ class LockedCommand(BaseCommand):
     #: When another run holds the lock: ``"raise"`` exits with status 1 (unless the command is
     #: given ``--skip-if-locked``), ``"skip"`` always exits with status 0 saying why.
     lock_on_busy: Literal["raise", "skip"] = "raise"
+    #: How many runs may go on at once across the fleet (1: a lock; more: a semaphore).
+    lock_permits: int = 1
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -71,6 +73,7 @@ class LockedCommand(BaseCommand):
             blocking_timeout=cls.lock_wait if cls.lock_wait > 0 else None,
             on_busy=cls._lock_busy,
             using=cls.lock_using,
+            permits=cls.lock_permits if cls.lock_permits != 1 else None,
         )(handle)
         cls.handle = _lock_errors_as_command_errors(guarded)  # type: ignore[method-assign]
 
