@@ -57,6 +57,12 @@ def in_thread(fn, *args):
     return out["value"]
 
 
+def queue_length(name: str) -> int:
+    return int(
+        redis.Redis.from_url(settings.CACHES["default"]["LOCATION"]).llen(keyspace().queue(name))
+    )
+
+
 def lock_key(name: str) -> str:
     return keyspace().lock(name)
 
@@ -153,18 +159,18 @@ def test_waiter_is_woken_by_the_release_not_by_the_lease(redis_client):
     result: dict[str, float] = {}
 
     def wait() -> None:
-        start = time.monotonic()
         lock = Lock("wake", timeout=30)
         assert lock.acquire(blocking_timeout=10)
-        result["waited"] = time.monotonic() - start
+        result["acquired"] = time.monotonic()
         lock.release()
 
     t = threading.Thread(target=wait)
     t.start()
-    time.sleep(0.3)
+    wait_for(lambda: redis_client.llen(keyspace().queue("wake")) == 1, what="the waiter")
+    released = time.monotonic()
     holder.release()
     t.join(15)
-    assert 0.25 <= result["waited"] < 1.0
+    assert 0 < result["acquired"] - released < 0.5  # woken by the release, not a 30 s lease
 
 
 def test_waiting_does_not_poll(redis_client):
@@ -208,7 +214,7 @@ def test_waiters_acquire_in_arrival_order():
         t = threading.Thread(target=wait)
         t.start()
         threads.append(t)
-        time.sleep(0.2)
+        wait_for(lambda i=i: queue_length("fifo") == i + 1, what=f"waiter {i} to queue")
     holder.release()
     for t in threads:
         t.join(20)
@@ -246,7 +252,7 @@ def test_release_without_acquire_raises():
 def test_release_after_expiry_raises_and_keeps_the_new_holders_lock():
     first = Lock("expiring", timeout=0.2, auto_renew=False)
     first.acquire()
-    time.sleep(0.35)
+    wait_for(lambda: not first.locked(), what="the lease to run out")
     second_token = in_thread(lambda: _acquire_and_keep("expiring"))
     with pytest.raises(LockNotOwnedError):
         first.release()
@@ -395,10 +401,7 @@ def test_context_manager_raises_when_busy():
 def test_deleted_key_is_noticed_by_the_watchdog_and_raises_on_exit(redis_client):
     with pytest.raises(LockLostError), Lock("vanish", timeout=0.6) as lock:
         redis_client.delete(lock_key("vanish"))
-        deadline = time.monotonic() + 3
-        while not lock.lost and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert lock.lost
+        wait_for(lambda: lock.lost, timeout=3, what="the watchdog to notice")
 
 
 def test_loss_found_at_exit_raises_lock_lost(redis_client):
@@ -422,8 +425,9 @@ def test_watchdog_keeps_a_lock_for_three_leases():
 def test_without_auto_renew_the_lease_runs_out():
     lock = Lock("short", timeout=0.3, auto_renew=False)
     lock.acquire()
-    time.sleep(0.5)
-    assert not lock.locked()
+    wait_for(lambda: not lock.locked(), timeout=2, what="the lease to run out")
+    with pytest.raises(LockNotOwnedError):
+        lock.release()
 
 
 class _Interrupted(Exception):
@@ -589,7 +593,12 @@ def test_every_key_a_script_touches_is_declared_and_in_the_locks_slot(redis_clie
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    time.sleep(0.3)
+
+    def monitoring() -> bool:
+        redis_client.echo("monitor-probe")
+        return any("monitor-probe" in " ".join(c) for c in seen)
+
+    wait_for(monitoring, what="MONITOR to start")
     # Every path: take, re-enter, queue, hand off, claim, renew, extend, cancel, force release.
     holder = Lock("{slot}name", timeout=5)
     holder.acquire()

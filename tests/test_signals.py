@@ -6,9 +6,13 @@ import threading
 import time
 
 import pytest
+import redis
+from django.conf import settings
 
 from django_redislock import Lock, force_release
 from django_redislock import signals as sig
+from django_redislock.keys import keyspace
+from tests.conftest import wait_for
 
 
 @pytest.fixture
@@ -38,6 +42,7 @@ def test_acquire_and_release_signals(events):
     lock = Lock("sig", timeout=5)
     lock.acquire()
     lock.acquire()  # re-entrant: no second lock_acquired
+    time.sleep(0.1)
     lock.release()
     lock.release()
     names = [n for n, _ in events]
@@ -45,8 +50,8 @@ def test_acquire_and_release_signals(events):
     acquired = events[0][1]
     assert acquired["name"] == "sig" and acquired["token"] == lock.fencing_token
     assert acquired["lock"] is lock and acquired["contended"] is False
-    assert acquired["waited"] >= 0
-    assert events[1][1]["held"] >= 0
+    assert 0 <= acquired["waited"] < 0.5  # uncontended: no wait to speak of
+    assert 0.1 <= events[1][1]["held"] < 5  # from the outer acquisition to the last release
 
 
 def test_contended_acquire_reports_the_wait(events):
@@ -60,7 +65,13 @@ def test_contended_acquire_reports_the_wait(events):
 
     t = threading.Thread(target=wait)
     t.start()
-    time.sleep(0.2)
+    wait_for(
+        lambda: redis.Redis.from_url(settings.CACHES["default"]["LOCATION"]).llen(
+            keyspace().queue("sig2")
+        ),
+        what="the waiter to queue",
+    )
+    time.sleep(0.2)  # a measurable wait
     holder.release()
     t.join(5)
     acquired = [kw for n, kw in events if n == "lock_acquired"][1]
@@ -77,9 +88,7 @@ def test_lost_and_force_released_signals(events):
     lock = Lock("sig4", timeout=0.3)
     lock.acquire()
     assert force_release("sig4", token=lock.fencing_token)
-    deadline = time.monotonic() + 3
-    while "lock_lost" not in [n for n, _ in events] and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: "lock_lost" in [n for n, _ in events], timeout=3, what="lock_lost")
     assert lock.lost
     names = [n for n, _ in events]
     assert "lock_force_released" in names and "lock_lost" in names
