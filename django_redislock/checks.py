@@ -27,10 +27,41 @@ def register_checks() -> None:
     register(check_eviction_policy, Tags.caches, deploy=True)
 
 
-def _lock_alias() -> str | None:
+def _lock_aliases() -> list[str]:
+    """The ``CACHES`` aliases the locks use (none when ``CLIENT`` replaces them)."""
     raw = getattr(settings, "REDISLOCK", None) or {}
-    alias = raw.get("CACHE", DEFAULTS["CACHE"]) if isinstance(raw, dict) else None
-    return alias if isinstance(alias, str) and alias else None
+    if not isinstance(raw, dict) or (raw.get("CLIENT") and "CACHE" not in raw):
+        return []
+    cache = raw.get("CACHE", DEFAULTS["CACHE"])
+    aliases = list(cache) if isinstance(cache, (list, tuple)) else [cache]
+    return [a for a in aliases if isinstance(a, str) and a]
+
+
+def _client_messages(path: object) -> list[CheckMessage]:
+    """``REDISLOCK["CLIENT"]`` must import and be callable (it is called at first use)."""
+    if not isinstance(path, str) or "." not in path:
+        return []  # reported by validate_settings (E011)
+    from django.utils.module_loading import import_string
+
+    try:
+        factory = import_string(path)
+    except ImportError as exc:
+        return [
+            Error(
+                f"REDISLOCK['CLIENT'] is {path!r}, which cannot be imported: {exc}.",
+                hint="Point it at a zero-argument callable returning a redis-py client.",
+                id="django_redislock.E011",
+            )
+        ]
+    if not callable(factory):
+        return [
+            Error(
+                f"REDISLOCK['CLIENT'] is {path!r}, which is not callable.",
+                hint="Point it at a zero-argument callable returning a redis-py client.",
+                id="django_redislock.E011",
+            )
+        ]
+    return []
 
 
 def _backend_messages(alias: str, config: dict[str, Any]) -> list[CheckMessage]:
@@ -97,21 +128,22 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         Error(message, hint=hint or None, id=f"django_redislock.{ident}")
         for ident, message, hint in validate_settings(raw)
     ]
-    alias = _lock_alias()
-    if alias is None:
-        return messages
+    if isinstance(raw, dict) and raw.get("CLIENT"):
+        messages += _client_messages(raw["CLIENT"])
     caches = getattr(settings, "CACHES", {})
-    if alias not in caches:
-        messages.append(
-            Error(
-                f"REDISLOCK['CACHE'] is {alias!r}, but CACHES has no such alias.",
-                hint=f"Add CACHES[{alias!r}] (django_redis.cache.RedisCache) or point "
-                f"REDISLOCK['CACHE'] at one of: {', '.join(caches) or 'none defined'}.",
-                id="django_redislock.E001",
+    for alias in _lock_aliases():
+        if alias not in caches:
+            messages.append(
+                Error(
+                    f"REDISLOCK['CACHE'] names {alias!r}, but CACHES has no such alias.",
+                    hint=f"Add CACHES[{alias!r}] (django_redis.cache.RedisCache) or point "
+                    f"REDISLOCK['CACHE'] at one of: {', '.join(caches) or 'none defined'}.",
+                    id="django_redislock.E001",
+                )
             )
-        )
-        return messages
-    return messages + _backend_messages(alias, caches[alias])
+        else:
+            messages += _backend_messages(alias, caches[alias])
+    return messages
 
 
 def check_eviction_policy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
@@ -126,20 +158,28 @@ def check_eviction_policy(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     from django_redislock.client import eviction_policy
     from django_redislock.connection import get_client
 
-    alias = _lock_alias()
-    try:
-        policy = eviction_policy(get_client(alias))
-    except Exception:  # unreachable or INFO refused: nothing to say about the policy
-        return []
-    if policy is None or policy == "noeviction":
-        return []
-    return [
-        Warning(
-            f"The Redis server of CACHES[{alias!r}] has maxmemory-policy {policy!r}: under "
-            "memory pressure it may evict a held lock (every lock key has a TTL), and a second "
-            "owner would then acquire it.",
-            hint="Use maxmemory-policy noeviction on the lock server, or a dedicated Redis "
-            "for locks.",
-            id="django_redislock.W003",
-        )
-    ]
+    messages: list[CheckMessage] = []
+    raw = getattr(settings, "REDISLOCK", None) or {}
+    targets: list[tuple[str, str | None]] = [(alias, alias) for alias in _lock_aliases()]
+    if isinstance(raw, dict) and raw.get("CLIENT"):
+        targets.append(("REDISLOCK['CLIENT']", None))
+    for label, alias in targets:
+        try:
+            policies = eviction_policy(get_client(alias))
+        except Exception:  # unreachable or INFO refused: nothing to say about the policy
+            continue
+        for policy in policies:
+            if policy == "noeviction":
+                continue
+            messages.append(
+                Warning(
+                    f"The Redis server of {label} has maxmemory-policy {policy!r}: under memory "
+                    "pressure it may evict a held lock (every lock key has a TTL), and a second "
+                    "owner would then acquire it.",
+                    hint="Use maxmemory-policy noeviction on the lock server, or a dedicated "
+                    "Redis for locks.",
+                    id="django_redislock.W003",
+                )
+            )
+            break
+    return messages

@@ -174,8 +174,8 @@ def read_stats(
     return [(replies[2 * i], replies[2 * i + 1]) for i in range(len(keys))]
 
 
-def eviction_policy(client: Any) -> str | None:
-    """The server's ``maxmemory_policy`` from ``INFO memory`` (``None`` when not reported)."""
+def eviction_policy(client: Any) -> list[str]:
+    """The ``maxmemory_policy`` of the server (of every primary of a cluster), from ``INFO``."""
     info = client.info("memory")
-    policy = info.get("maxmemory_policy")
-    return None if policy is None else str(policy)
+    nodes = info.values() if info and all(isinstance(v, dict) for v in info.values()) else [info]
+    return [str(n["maxmemory_policy"]) for n in nodes if n.get("maxmemory_policy")]

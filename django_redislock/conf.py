@@ -38,17 +38,28 @@ DEFAULTS: Mapping[str, Any] = {
     "AUTO_RENEW": True,
     "BLOCKING_TIMEOUT": None,
     "STATS": True,
+    "CLIENT": None,
+    "REPLICAS": 0,
+    "REPLICAS_TIMEOUT": 1.0,
 }
 
 
 @dataclass(frozen=True)
 class LockSettings:
+    #: The ``CACHES`` alias (the first one when ``CACHE`` is a list).
     cache: str
     key_prefix: str
     timeout: float
     auto_renew: bool
     blocking_timeout: float | None
     stats: bool
+    #: Every alias of ``CACHE``: more than one means independent masters (Redlock).
+    caches: tuple[str, ...] = ()
+    #: Dotted path of a zero-argument callable returning a redis-py client (instead of CACHE).
+    client: str | None = None
+    #: Replicas that must acknowledge an acquisition or renewal (``WAIT``), and for how long.
+    replicas: int = 0
+    replicas_timeout: float = 1.0
 
 
 def _is_number(value: object) -> bool:
@@ -114,14 +125,38 @@ def validate_settings(raw: object) -> list[tuple[str, str, str]]:
             )
         )
     cache = raw.get("CACHE", DEFAULTS["CACHE"])
-    if not isinstance(cache, str) or not cache:
+    aliases = list(cache) if isinstance(cache, (list, tuple)) else [cache]
+    if (
+        not aliases
+        or not all(isinstance(a, str) and a for a in aliases)
+        or len(set(aliases)) != len(aliases)
+    ):
         problems.append(
             (
                 "E004",
-                "REDISLOCK['CACHE'] must be a non-empty string (a CACHES alias).",
-                "For example REDISLOCK = {'CACHE': 'default'}.",
+                "REDISLOCK['CACHE'] must be a CACHES alias, or a list of distinct aliases of "
+                "independent Redis masters (Redlock).",
+                "For example REDISLOCK = {'CACHE': 'default'} or {'CACHE': ['a', 'b', 'c']}.",
             )
         )
+    client = raw.get("CLIENT", DEFAULTS["CLIENT"])
+    if client is not None and (not isinstance(client, str) or "." not in client):
+        problems.append(
+            (
+                "E011",
+                f"REDISLOCK['CLIENT'] must be a dotted path to a callable, not {client!r}.",
+                "For example 'myproject.redis.lock_client', returning a redis-py client.",
+            )
+        )
+    replicas = raw.get("REPLICAS", DEFAULTS["REPLICAS"])
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or not 0 <= replicas <= 100:
+        problems.append(
+            ("E012", f"REDISLOCK['REPLICAS'] must be an int from 0 to 100, not {replicas!r}.", "")
+        )
+    replicas_timeout = raw.get("REPLICAS_TIMEOUT", DEFAULTS["REPLICAS_TIMEOUT"])
+    problem = _seconds_problem(replicas_timeout, minimum=MIN_LEASE)
+    if problem is not None:
+        problems.append(("E013", f"REDISLOCK['REPLICAS_TIMEOUT'] {problem[1]}.", ""))
     prefix = raw.get("KEY_PREFIX", DEFAULTS["KEY_PREFIX"])
     if not isinstance(prefix, str) or not prefix or any(c in prefix for c in "{}*?[]\\ \n"):
         problems.append(
@@ -172,8 +207,14 @@ def get_settings() -> LockSettings:
         raise ImproperlyConfigured(f"django_redislock.{ident}: {message} {hint}".strip())
     merged = {**DEFAULTS, **raw}
     blocking = merged["BLOCKING_TIMEOUT"]
+    cache = merged["CACHE"]
+    caches = tuple(cache) if isinstance(cache, (list, tuple)) else (cache,)
     return LockSettings(
-        cache=merged["CACHE"],
+        cache=caches[0],
+        caches=caches,
+        client=merged["CLIENT"],
+        replicas=merged["REPLICAS"],
+        replicas_timeout=float(merged["REPLICAS_TIMEOUT"]),
         key_prefix=merged["KEY_PREFIX"],
         timeout=float(merged["TIMEOUT"]),
         auto_renew=merged["AUTO_RENEW"],

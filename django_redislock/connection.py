@@ -100,14 +100,51 @@ def backend_kind(backend: object) -> str | None:
     return None
 
 
+#: The alias under which the client of ``REDISLOCK["CLIENT"]`` is known (it is no cache).
+CLIENT_ALIAS = "<REDISLOCK['CLIENT']>"
+
+
+def resolve_alias(using: str | None = None) -> str:
+    """The alias a lock uses: ``using``, else ``REDISLOCK["CLIENT"]``, else ``CACHE``."""
+    if using:
+        return using
+    settings = get_settings()
+    return CLIENT_ALIAS if settings.client else settings.cache
+
+
+def _client_from_setting(path: str) -> Any:
+    from django.core.exceptions import ImproperlyConfigured
+    from django.utils.module_loading import import_string
+
+    try:
+        client = import_string(path)()
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            f"django_redislock.E011: REDISLOCK['CLIENT'] = {path!r} cannot be imported: {exc}"
+        ) from exc
+    if not callable(getattr(client, "evalsha", None)):
+        raise ImproperlyConfigured(
+            f"django_redislock.E011: REDISLOCK['CLIENT'] = {path!r} returned {client!r}, not a "
+            "redis-py client (Redis, RedisCluster or a Sentinel master_for() client)."
+        )
+    return client
+
+
 def get_client(using: str | None = None) -> Any:
-    """The redis-py client behind a ``CACHES`` alias (cached per process; pools are fork-safe)."""
-    alias = using or get_settings().cache
+    """The redis-py client of an alias (see :func:`resolve_alias`), cached per process; its
+    pools are fork-safe."""
+    alias = resolve_alias(using)
     client = _clients.get(alias)
     if client is not None:
         return client
     from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
+
+    if alias == CLIENT_ALIAS:
+        client = _client_from_setting(str(get_settings().client))
+        with _mutex:
+            _clients[alias] = client
+        return client
 
     configs: dict[str, dict[str, Any]] = getattr(settings, "CACHES", {})
     config = configs.get(alias)

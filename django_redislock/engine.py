@@ -118,6 +118,9 @@ class Target:
     #: "1" when ``PUBLISH`` counts every subscriber (a single Redis, not a Cluster).
     trust_publish: str
     socket_timeout: float | None
+    #: Replicas that must acknowledge an acquisition or renewal (``WAIT``), and for how long.
+    replicas: int = 0
+    replicas_timeout_ms: int = 0
 
     def listener(self) -> wakeups.Listener:
         return wakeups.listener_for(self.client, self.channel_prefix, self.socket_timeout)
@@ -130,7 +133,7 @@ _targets_mutex = threading.Lock()
 def target_for(using: str | None) -> Target:
     """The :class:`Target` of an alias (``None``: ``REDISLOCK["CACHE"]``), cached per settings."""
     settings = get_settings()
-    alias = using or settings.cache
+    alias = connection.resolve_alias(using)
     target = _targets.get(alias)
     if target is None or target.settings is not settings:
         client = connection.get_client(alias)
@@ -143,6 +146,8 @@ def target_for(using: str | None) -> Target:
             channel_prefix=f"{keys.namespace}:wake:",
             trust_publish="0" if connection.is_cluster(client) else "1",
             socket_timeout=connection.socket_timeout(client),
+            replicas=settings.replicas,
+            replicas_timeout_ms=int(settings.replicas_timeout * 1000),
         )
         with _targets_mutex:
             _targets[alias] = target
@@ -170,9 +175,22 @@ class Op:
         raise NotImplementedError
 
 
+class NotReplicated(LockBackendError):
+    """A write was not acknowledged by ``REDISLOCK["REPLICAS"]`` replicas in time; ``reply`` is
+    what the script answered (the flow undoes an acquisition it reports)."""
+
+    def __init__(self, action: str, reply: Any, acked: int, needed: int, timeout_ms: int) -> None:
+        super().__init__(
+            f"Redis did not replicate the write while trying to {action}: {acked} of the "
+            f"{needed} replicas REDISLOCK['REPLICAS'] asks for acknowledged it within "
+            f"{timeout_ms} ms. A failover now could lose it, so it does not count."
+        )
+        self.reply = reply
+
+
 @dataclass
 class Call(Op):
-    """Run a script (one round trip)."""
+    """Run a script (one round trip; with ``REPLICAS``, followed by ``WAIT`` in the same)."""
 
     script: scripts.Script
     keys: list[str]
@@ -180,14 +198,44 @@ class Call(Op):
     action: str
     #: Clean-up after an interruption: an async driver shields it from a second cancellation.
     shield: bool = False
+    #: Replicas to wait for (0: none) and how long, in ms.
+    replicas: int = 0
+    replicas_timeout_ms: int = 0
+
+    def _checked(self, reply: Any, acked: int) -> Any:
+        if acked < self.replicas:
+            raise NotReplicated(self.action, reply, acked, self.replicas, self.replicas_timeout_ms)
+        return reply
 
     def sync(self, face: LockBase) -> Any:
+        client = face._target().client
         with connection.backend_errors(self.action):
-            return self.script(face._target().client, self.keys, self.args)
+            if not self.replicas:
+                return self.script(client, self.keys, self.args)
+            reply, acked = scripts.call_and_wait(
+                self.script,
+                client,
+                self.keys,
+                self.args,
+                self.replicas,
+                self.replicas_timeout_ms,
+            )
+        return self._checked(reply, acked)
 
     async def async_(self, face: LockBase) -> Any:
+        client = await face._aclient()
         with connection.backend_errors(self.action):
-            return await self.script.acall(await face._aclient(), self.keys, self.args)
+            if not self.replicas:
+                return await self.script.acall(client, self.keys, self.args)
+            reply, acked = await scripts.acall_and_wait(
+                self.script,
+                client,
+                self.keys,
+                self.args,
+                self.replicas,
+                self.replicas_timeout_ms,
+            )
+        return self._checked(reply, acked)
 
 
 @dataclass
@@ -388,7 +436,9 @@ class LockBase:
         self._spec_cache: _Spec | None = None
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r} using={self.using or get_settings().cache!r}>"
+        return (
+            f"<{type(self).__name__} {self.name!r} using={connection.resolve_alias(self.using)!r}>"
+        )
 
     # -- resolution ---------------------------------------------------------------------------
     def _default_owner(self) -> str:
@@ -552,10 +602,18 @@ class LockBase:
                     # call is in flight must not be forgotten.
                     waiter.handed = False
                     waiter.recheck_at = float("inf")
+                call = self._acquire_call(
+                    spec, owner, meta, waiter.id if waiter and queued else "", entry, entry_ms
+                )
                 try:
-                    reply = yield self._acquire_call(
-                        spec, owner, meta, waiter.id if waiter and queued else "", entry, entry_ms
-                    )
+                    reply = yield self._replicated(call, spec)
+                except NotReplicated as exc:
+                    if int(exc.reply[0]) != 1:
+                        reply = exc.reply  # only a queue entry went unacknowledged
+                    else:
+                        entry = ""
+                        yield self._release_call(False, owner)[0]  # undo it, then say so
+                        raise
                 except LockBackendError as exc:
                     kind = _transient(exc)
                     if kind == "pool" and pool_budget > 0 and time.monotonic() < deadline:
@@ -600,8 +658,14 @@ class LockBase:
                 if time.monotonic() < deadline:
                     yield Wait(waiter, deadline)
                 if not waiter.handed and time.monotonic() >= deadline:
-                    result = yield self._cancel_call(spec, owner, waiter.id, entry, take=True)
+                    cancel = self._cancel_call(spec, owner, waiter.id, entry, take=True)
                     entry = ""
+                    try:
+                        result = yield self._replicated(cancel, spec)
+                    except NotReplicated as exc:
+                        if int(exc.reply[0]) == 1:
+                            yield self._release_call(False, owner)[0]
+                        raise
                     if int(result[0]) == 1:
                         return self._acquired(
                             spec, owner, int(result[1]), int(result[2]), started, True
@@ -624,6 +688,13 @@ class LockBase:
         finally:
             if waiter is not None:
                 wakeups.unregister(waiter)
+
+    @staticmethod
+    def _replicated(call: Call, spec: _Spec) -> Call:
+        """``call`` followed by ``WAIT`` for ``REDISLOCK["REPLICAS"]`` replicas, when set."""
+        call.replicas = spec.target.replicas
+        call.replicas_timeout_ms = spec.target.replicas_timeout_ms
+        return call
 
     def _loop(self) -> asyncio.AbstractEventLoop | None:
         """The event loop a waiter sleeps in (``None``: a thread)."""
@@ -648,6 +719,7 @@ class LockBase:
                 stats_name=self.stats_name,
                 kind=self.kind,
                 sender=type(self),
+                replicas=(spec.target.replicas, spec.target.replicas_timeout_ms),
             )
             hold.set_lock(self)
             stale = holds.put(hold)
@@ -726,7 +798,7 @@ class LockBase:
         hold = self._hold()
         token = hold.token if hold is not None else None
         script, keys, args = self._renew_args(spec, self.owner, token, ms, mode)
-        return Call(script, keys, args, f"renew lock {self.name!r}")
+        return self._replicated(Call(script, keys, args, f"renew lock {self.name!r}"), spec)
 
     def _renewed(self, ok: int) -> None:
         if not ok:

@@ -172,6 +172,8 @@ class Hold:
     stats_name: str = ""
     kind: str = "lock"
     sender: Any = None  # the face class (``Lock``, ``AsyncLock`` ...), sender of the signals
+    #: ``(replicas, timeout_ms)`` a renewal must be acknowledged by (``REDISLOCK["REPLICAS"]``).
+    replicas: tuple[int, int] = (0, 0)
     acquired_at: float = field(default_factory=time.monotonic)
     lost: bool = False
     released: bool = False

@@ -137,7 +137,9 @@ def keyspace(using: str | None = None) -> KeySpace:
     Two sites sharing one Redis database with different cache prefixes never see each other's
     locks.
     """
-    alias = using or get_settings().cache
+    from django_redislock.connection import resolve_alias
+
+    alias = resolve_alias(using)
     space = _keyspaces.get(alias)
     if space is None:
         own = get_settings().key_prefix

@@ -21,7 +21,6 @@ from redis import exceptions as redis_errors
 
 from django_redislock import client as redis_client
 from django_redislock import connection, scripts, signals
-from django_redislock.conf import get_settings
 from django_redislock.exceptions import LockBackendError
 from django_redislock.keys import KeySpace, keyspace
 from django_redislock.records import LockRecord, parse_record
@@ -440,7 +439,7 @@ class BackendProblem:
 
 def backend_problem(exc: LockBackendError, *, using: str | None = None) -> BackendProblem:
     """Describe a :class:`LockBackendError` for the cache ``using`` (default: the setting)."""
-    alias = using or get_settings().cache
+    alias = connection.resolve_alias(using)
     cause = exc.__cause__
     unreachable = isinstance(cause, (redis_errors.ConnectionError, redis_errors.TimeoutError))
     detail = str(cause) if cause is not None else str(exc)

@@ -33,6 +33,9 @@ __all__ = [
     "SEM_RELEASE",
     "SEM_RENEW",
     "Script",
+    "acall_and_wait",
+    "call_and_wait",
+    "node_client",
     "run_pipeline",
 ]
 
@@ -93,24 +96,109 @@ class Script:
             raise self._named(exc) from exc
 
 
+def node_client(client: Any, key: str) -> Any:
+    """``WAIT`` counts the writes of one connection: on a Cluster, that of the key's node."""
+    get_node = getattr(client, "get_node_from_key", None)
+    if get_node is None:
+        return client
+    return client.get_redis_connection(get_node(key))
+
+
+def _waiting_pipeline(
+    node: Any,
+    script: Script,
+    keys: Sequence[str],
+    args: Sequence[Any],
+    replicas: int,
+    timeout_ms: int,
+) -> Any:
+    pipe = node.pipeline(transaction=False)
+    pipe.evalsha(script.sha, len(keys), *keys, *args)
+    pipe.execute_command("WAIT", replicas, timeout_ms)
+    return pipe
+
+
+def _waited(script: Script, values: Sequence[Any]) -> tuple[Any, int]:
+    reply, acked = values
+    if isinstance(reply, ResponseError):
+        raise script._named(reply) from reply
+    if isinstance(acked, Exception):
+        raise acked
+    return reply, int(acked)
+
+
+def call_and_wait(
+    script: Script,
+    client: Any,
+    keys: Sequence[str],
+    args: Sequence[Any],
+    replicas: int,
+    timeout_ms: int,
+) -> tuple[Any, int]:
+    """Run ``script`` and ``WAIT replicas timeout_ms`` on the same connection (one round trip):
+    ``(reply, replicas that acknowledged the write)``."""
+    node = node_client(client, keys[0])
+    pipe = _waiting_pipeline(node, script, keys, args, replicas, timeout_ms)
+    values = pipe.execute(raise_on_error=False)
+    if isinstance(values[0], NoScriptError):
+        node.script_load(script.source)
+        pipe = _waiting_pipeline(node, script, keys, args, replicas, timeout_ms)
+        values = pipe.execute(raise_on_error=False)
+    return _waited(script, values)
+
+
+async def acall_and_wait(
+    script: Script,
+    client: Any,
+    keys: Sequence[str],
+    args: Sequence[Any],
+    replicas: int,
+    timeout_ms: int,
+) -> tuple[Any, int]:
+    """:func:`call_and_wait` for a ``redis.asyncio`` client."""
+    node = node_client(client, keys[0])
+    pipe = _waiting_pipeline(node, script, keys, args, replicas, timeout_ms)
+    values = await pipe.execute(raise_on_error=False)
+    if isinstance(values[0], NoScriptError):
+        await node.script_load(script.source)
+        pipe = _waiting_pipeline(node, script, keys, args, replicas, timeout_ms)
+        values = await pipe.execute(raise_on_error=False)
+    return _waited(script, values)
+
+
 def run_pipeline(
-    client: Any, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    client: Any,
+    script: Script,
+    calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
+    *,
+    wait_replicas: tuple[int, int] = (0, 0),
 ) -> list[Any]:
     """Run many calls of one script in a single round trip.
 
     Results are returned in order; a failed call's result is its exception (never raised here, so
     one bad key cannot hide the others). A ``NOSCRIPT`` answer reloads the script and retries once.
+    With ``wait_replicas=(n, timeout_ms)`` a ``WAIT`` ends the pipeline; if fewer than ``n``
+    replicas acknowledged, every result becomes a :class:`ResponseError` saying so (the writes
+    happened on the primary, but do not count).
     """
+    replicas, timeout_ms = wait_replicas
     results: list[Any] = []
     for attempt in range(2):
         pipe = client.pipeline(transaction=False)
         for keys, args in calls:
             pipe.evalsha(script.sha, len(keys), *keys, *args)
+        if replicas:
+            pipe.execute_command("WAIT", replicas, timeout_ms)
         results = pipe.execute(raise_on_error=False)
         if attempt == 0 and any(isinstance(r, NoScriptError) for r in results):
             client.script_load(script.source)
             continue
         break
+    if replicas:
+        acked = results.pop()
+        if isinstance(acked, Exception) or int(acked) < replicas:
+            error = ResponseError(f"only {acked} of {replicas} replicas acknowledged in time")
+            results = [r if isinstance(r, Exception) else error for r in results]
     return results
 
 

@@ -104,9 +104,10 @@ _dropped = 0
 
 
 def _default_alias() -> str:
-    from django_redislock.conf import get_settings
 
-    return get_settings().cache
+    from django_redislock.connection import resolve_alias
+
+    return resolve_alias(None)
 
 
 def _enabled() -> bool:

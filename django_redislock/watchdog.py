@@ -96,13 +96,18 @@ class Watchdog:
     def renew_now(self, due: list[Hold]) -> None:
         """Renew ``due`` with one pipeline per client and script; mark the ones found gone as
         lost (locks and semaphore permits renew with different scripts)."""
-        by_client: dict[tuple[int, str], list[Hold]] = {}
+        by_client: dict[tuple[int, str], tuple[Any, list[Hold]]] = {}
         for hold in due:
-            by_client.setdefault((id(hold.client), hold.renew[1].sha), []).append(hold)
-        for group in by_client.values():
+            client = hold.client
+            if hold.replicas[0]:  # WAIT counts one connection's writes: the key's node
+                client = scripts.node_client(client, hold.renew[2][0])
+            by_client.setdefault((id(client), hold.renew[1].sha), (client, []))[1].append(hold)
+        for client, group in by_client.values():
             calls = [(h.renew[2], h.renew[3]) for h in group]
             try:
-                results: list[Any] = scripts.run_pipeline(group[0].client, group[0].renew[1], calls)
+                results: list[Any] = scripts.run_pipeline(
+                    client, group[0].renew[1], calls, wait_replicas=group[0].replicas
+                )
             except redis_errors.RedisError as exc:
                 results = [exc] * len(group)
             now = time.monotonic()

@@ -1,0 +1,68 @@
+"""``REDISLOCK["REPLICAS"]``: an acquisition counts only once replicas acknowledged it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from django_redislock import Lock, LockBackendError
+from tests.conftest import wait_for
+
+
+@pytest.fixture
+def primary_and_replica(redis_factory, settings):
+    primary = redis_factory().start()
+    replica = redis_factory().start()
+    replica.client().replicaof("127.0.0.1", primary.port)
+    wait_for(
+        lambda: primary.client().info("replication").get("slave0", {}).get("state") == "online",
+        what="the replica to be in sync",
+    )
+    settings.CACHES = {
+        **settings.CACHES,
+        "replicated": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"{primary.url}/0",
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 2},
+        },
+    }
+    settings.REDISLOCK = {"CACHE": "replicated", "REPLICAS": 1, "REPLICAS_TIMEOUT": 0.5}
+    return primary, replica
+
+
+def test_an_acknowledged_acquisition_and_renewal_count(primary_and_replica):
+    primary, replica = primary_and_replica
+    lock = Lock("replicated", timeout=5)
+    assert lock.acquire()
+    wait_for(lambda: replica.client().exists("redislock:lock:{replicated}"), what="replication")
+    lock.renew()
+    lock.extend(1)
+    lock.release()
+
+
+def test_an_unacknowledged_acquisition_is_undone(primary_and_replica):
+    primary, replica = primary_and_replica
+    replica.pause()  # the replica stops acknowledging (a partition, a stalled replica)
+    try:
+        lock = Lock("unreplicated", timeout=5)
+        started = time.monotonic()
+        with pytest.raises(LockBackendError, match="replicas"):
+            lock.acquire()
+        assert time.monotonic() - started < 2.0  # bounded by REPLICAS_TIMEOUT, not a hang
+        assert not primary.client().exists("redislock:lock:{unreplicated}")
+        assert lock.hold_count == 0
+    finally:
+        replica.resume()
+
+
+def test_without_any_replica_every_acquisition_fails_clearly(redis_factory, settings):
+    alone = redis_factory().start()
+    settings.CACHES = {
+        **settings.CACHES,
+        "alone": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": f"{alone.url}/0"},
+    }
+    settings.REDISLOCK = {"CACHE": "alone", "REPLICAS": 1, "REPLICAS_TIMEOUT": 0.2}
+    with pytest.raises(LockBackendError, match="0 of the 1 replicas"):
+        Lock("alone").acquire()
+    assert not alone.client().keys("redislock:lock:*")
