@@ -14,6 +14,7 @@ from tests.conftest import wait_for
 def primary_and_replica(redis_factory, settings):
     primary = redis_factory().start()
     replica = redis_factory().start()
+    primary.client().config_set("repl-diskless-sync-delay", 0)  # sync now, not in 5 s
     replica.client().replicaof("127.0.0.1", primary.port)
     wait_for(
         lambda: primary.client().info("replication").get("slave0", {}).get("state") == "online",
