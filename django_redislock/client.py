@@ -13,6 +13,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from django_redislock.connection import is_cluster
 from django_redislock.records import LockRecord, parse_record
 
 __all__ = [
@@ -123,12 +124,34 @@ async def alock_exists(client: Any, key: str) -> bool:
     return bool(await client.exists(key))
 
 
+#: A Cluster cursor packs (node cursor, primary index): the index in the low bits.
+_NODE_BITS = 10
+
+
 def scan_keys(
     client: Any, pattern: str, *, cursor: int = 0, count: int = 500
 ) -> tuple[int, list[str]]:
-    """One ``SCAN`` step (never ``KEYS``): the next cursor (0 = done) and the keys it returned."""
-    next_cursor, keys = client.scan(cursor=cursor, match=pattern, count=count)
-    return int(next_cursor), [k.decode() if isinstance(k, bytes) else k for k in keys]
+    """One ``SCAN`` step (never ``KEYS``): the next cursor (0 = done) and the keys it returned.
+
+    On a Redis Cluster the steps walk every primary in turn (sorted by node name), so one
+    integer cursor still describes the position, as the admin's paging expects.
+    """
+    if not is_cluster(client):
+        next_cursor, keys = client.scan(cursor=cursor, match=pattern, count=count)
+        return int(next_cursor), [_text(k) for k in keys]
+    primaries = sorted(client.get_primaries(), key=lambda node: node.name)
+    index, node_cursor = cursor & ((1 << _NODE_BITS) - 1), cursor >> _NODE_BITS
+    if index >= len(primaries):  # the cluster shrank since the cursor was handed out
+        return 0, []
+    reply, keys = client.scan(
+        cursor=node_cursor, match=pattern, count=count, target_nodes=primaries[index]
+    )
+    node_next = int(next(iter(reply.values())) if isinstance(reply, dict) else reply)
+    if node_next == 0:
+        index += 1
+        if index == len(primaries):
+            return 0, [_text(k) for k in keys]
+    return (node_next << _NODE_BITS) | index, [_text(k) for k in keys]
 
 
 @dataclass(frozen=True)

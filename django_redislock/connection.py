@@ -266,6 +266,15 @@ def make_async_client(client: Any) -> Any:
     from redis.asyncio import connection as aconnection
     from redis.sentinel import SentinelConnectionPool
 
+    if is_cluster(client):
+        from redis.asyncio.cluster import ClusterNode
+        from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+        kwargs = _portable(dict(client.nodes_manager.connection_kwargs))
+        for key in ("host", "port", "db", "path"):
+            kwargs.pop(key, None)
+        nodes = [ClusterNode(node.host, node.port) for node in client.get_nodes()]
+        return AsyncRedisCluster(startup_nodes=nodes, **kwargs)
     pool = client.connection_pool
     kwargs = _portable(dict(pool.connection_kwargs))
     max_connections = getattr(pool, "max_connections", None)
