@@ -336,7 +336,10 @@ async def _close_at_loop_end(clients: dict[int, Any]) -> AsyncGenerator[None, No
     finally:
         for async_client in list(clients.values()):
             with contextlib.suppress(Exception):
-                await async_client.aclose(close_connection_pool=True)
+                try:
+                    await async_client.aclose(close_connection_pool=True)
+                except TypeError:  # RedisCluster.aclose() closes its nodes' pools itself
+                    await async_client.aclose()
         clients.clear()
 
 
