@@ -1,5 +1,6 @@
 """django-redislock: correct, fast, observable distributed locks on Redis for Django and Celery."""
 
+from django_redislock import redlock as _redlock  # noqa: F401 - plugs Redlock into the engine
 from django_redislock.aio import AsyncLock
 from django_redislock.decorators import distributed_lock
 from django_redislock.exceptions import (

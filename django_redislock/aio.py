@@ -64,16 +64,18 @@ class AsyncLock(engine.LockBase):
 
     async def _release_now(self, all_holds: bool, owner: str) -> None:
         call, hold = self._release_call(all_holds, owner)
-        self._released(hold, int(await call.async_(self)), owner)
+        self._released(hold, int(await self._io(call).async_(self)), owner)
 
     async def renew(self) -> None:
         """Reset the lease to ``timeout``; :class:`LockNotOwnedError` if no longer held."""
-        self._renewed(int(await self._renew_call(self._spec().lease_ms, "set").async_(self)))
+        self._renewed(
+            int(await self._io(self._renew_call(self._spec().lease_ms, "set")).async_(self))
+        )
 
     async def extend(self, additional_time: float) -> None:
         """Add ``additional_time`` seconds to the remaining lease (owner-checked)."""
         ms = self._extend_ms(additional_time)
-        self._renewed(int(await self._renew_call(ms, "add").async_(self)))
+        self._renewed(int(await self._io(self._renew_call(ms, "add")).async_(self)))
 
     async def locked(self) -> bool:
         """Held by anyone (one round trip)."""

@@ -121,8 +121,18 @@ class Target:
     #: Replicas that must acknowledge an acquisition or renewal (``WAIT``), and for how long.
     replicas: int = 0
     replicas_timeout_ms: int = 0
+    #: Independent masters (``REDISLOCK["CACHE"]`` as a list): locks need a majority of them
+    #: (Redlock, :mod:`django_redislock.redlock`). Empty for a single Redis/Cluster/Sentinel.
+    masters: tuple[Any, ...] = ()
 
-    def listener(self) -> wakeups.Listener:
+    def listener(self) -> Any:
+        if self.masters:
+            return wakeups.ListenerGroup(
+                [
+                    wakeups.listener_for(m, self.channel_prefix, self.socket_timeout)
+                    for m in self.masters
+                ]
+            )
         return wakeups.listener_for(self.client, self.channel_prefix, self.socket_timeout)
 
 
@@ -134,10 +144,14 @@ def target_for(using: str | None) -> Target:
     """The :class:`Target` of an alias (``None``: ``REDISLOCK["CACHE"]``), cached per settings."""
     settings = get_settings()
     alias = connection.resolve_alias(using)
+    quorum = using is None and not settings.client and len(settings.caches) > 1
+    if quorum:
+        alias = "redlock:" + ",".join(settings.caches)
     target = _targets.get(alias)
     if target is None or target.settings is not settings:
-        client = connection.get_client(alias)
-        keys = keyspace(alias)
+        masters = tuple(connection.get_client(a) for a in settings.caches) if quorum else ()
+        client = masters[0] if quorum else connection.get_client(alias)
+        keys = keyspace(settings.caches[0] if quorum else alias)
         target = Target(
             alias=alias,
             settings=settings,
@@ -148,6 +162,7 @@ def target_for(using: str | None) -> Target:
             socket_timeout=connection.socket_timeout(client),
             replicas=settings.replicas,
             replicas_timeout_ms=int(settings.replicas_timeout * 1000),
+            masters=masters,
         )
         with _targets_mutex:
             _targets[alias] = target
@@ -310,6 +325,18 @@ class ReadRecord(Op):
 Flow = Generator[Op, Any, Any]
 
 
+class QuorumHooks:
+    """How locks on independent masters run (filled in by :mod:`django_redislock.redlock`,
+    which depends on this module, not the other way round)."""
+
+    acquire_flow: Any = None  # (face, blocking, blocking_timeout) -> Flow
+    op: Any = None  # (face, call) -> Op running ``call`` on every master, combined
+    renewer: Any = None  # (masters) -> a client-like object the watchdog renews through
+
+
+quorum = QuorumHooks()
+
+
 @dataclass
 class _Stepper:
     """Advances a flow by one operation's outcome; shared by both drivers."""
@@ -467,7 +494,8 @@ class LockBase:
                 script_keys=script_keys,
                 lease=lease,
                 lease_ms=max(1, int(lease * 1000)),
-                claim_ms=max(1, int(min(CLAIM_WINDOW, lease) * 1000)),
+                # Independent masters cannot hand a majority over: 0 = wake every waiter instead.
+                claim_ms=0 if target.masters else max(1, int(min(CLAIM_WINDOW, lease) * 1000)),
                 ident=(target.alias, lock_key),
             )
         return spec
@@ -572,8 +600,16 @@ class LockBase:
             f"stop waiting for lock {self.name!r}",
         )
 
+    def _io(self, call: Call) -> Op:
+        """The operation that runs ``call`` where this lock lives (every master for Redlock)."""
+        if self._target().masters:
+            return quorum.op(self, call)  # type: ignore[no-any-return]
+        return call
+
     def _acquire_flow(self, blocking: bool | None, blocking_timeout: float | None) -> Flow:
         """Take the lock; ``False`` when not acquired in time. One deadline covers every wait."""
+        if self._target().masters:
+            return (yield from quorum.acquire_flow(self, blocking, blocking_timeout))
         blocking = self._blocking if blocking is None else check_bool(blocking, "blocking")
         limit = self._wait_limit(blocking_timeout)
         started = time.monotonic()
@@ -707,6 +743,7 @@ class LockBase:
         hold = holds.get(ident)
         if hold is None or hold.lost or count == 1:
             script, keys, args = self._renew_args(spec, owner, token, spec.lease_ms, "set")
+            renewer = quorum.renewer(spec.target.masters) if spec.target.masters else None
             hold = Hold(
                 ident=ident,
                 name=self.name,
@@ -715,7 +752,7 @@ class LockBase:
                 count=count,
                 lease=spec.lease,
                 auto_renew=self.auto_renew,
-                renew=(spec.target.client, script, keys, args),
+                renew=(renewer or spec.target.client, script, keys, args),
                 stats_name=self.stats_name,
                 kind=self.kind,
                 sender=type(self),

@@ -67,11 +67,11 @@ class Lock(engine.LockBase):
 
     def _release_now(self, all_holds: bool, owner: str) -> None:
         call, hold = self._release_call(all_holds, owner)
-        self._released(hold, int(call.sync(self)), owner)
+        self._released(hold, int(self._io(call).sync(self)), owner)
 
     def renew(self) -> None:
         """Reset the lease to ``timeout``; :class:`LockNotOwnedError` if no longer held."""
-        self._renewed(int(self._renew_call(self._spec().lease_ms, "set").sync(self)))
+        self._renewed(int(self._io(self._renew_call(self._spec().lease_ms, "set")).sync(self)))
 
     def extend(self, additional_time: float) -> None:
         """Add ``additional_time`` seconds to the remaining lease (as redis-py's ``extend``).
@@ -79,7 +79,7 @@ class Lock(engine.LockBase):
         Owner-checked like :meth:`renew`, which instead resets the lease to ``timeout``.
         """
         ms = self._extend_ms(additional_time)
-        self._renewed(int(self._renew_call(ms, "add").sync(self)))
+        self._renewed(int(self._io(self._renew_call(ms, "add")).sync(self)))
 
     def locked(self) -> bool:
         """Held by anyone (one round trip)."""

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+
 from django_redislock import holds, scripts
 from django_redislock.aio import AsyncLock
 from django_redislock.engine import Call, LockBase, Op, _Spec, check_bool
@@ -103,6 +105,11 @@ class SemaphoreMixin(LockBase):
         self, spec: _Spec, owner: str, meta: str, waiter: str, entry: str, entry_ms: int
     ) -> Call:
         target = spec.target
+        if target.masters:
+            raise ImproperlyConfigured(
+                "Semaphores need one Redis (single, Sentinel or Cluster): REDISLOCK['CACHE'] "
+                "lists independent masters (Redlock). Pass using=<one alias>."
+            )
         return Call(
             scripts.SEM_ACQUIRE,
             spec.script_keys,

@@ -27,7 +27,7 @@ from typing import Any
 
 from django_redislock import holds
 
-__all__ = ["HEALTH_INTERVAL", "Listener", "Waiter", "listener_for"]
+__all__ = ["HEALTH_INTERVAL", "Listener", "ListenerGroup", "Waiter", "listener_for"]
 
 logger = logging.getLogger("django_redislock")
 
@@ -227,6 +227,28 @@ class Listener:
             message = pubsub.get_message(timeout=remaining)
             if message is not None and message.get("type") == kind:
                 return
+
+
+class _AllReady:
+    def __init__(self, listeners: list[Listener]) -> None:
+        self._listeners = listeners
+
+    def is_set(self) -> bool:
+        return all(listener.ready.is_set() for listener in self._listeners)
+
+
+class ListenerGroup:
+    """The listeners of several independent masters (Redlock), used like one."""
+
+    def __init__(self, listeners: list[Listener]) -> None:
+        self.listeners = listeners
+        self.ready = _AllReady(listeners)
+
+    def ensure(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        return all(
+            listener.ensure(max(0.0, deadline - time.monotonic())) for listener in self.listeners
+        )
 
 
 _listeners: dict[tuple[int, str], Listener] = {}

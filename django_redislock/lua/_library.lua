@@ -127,12 +127,30 @@ end
 -- ("r <waiter> <ms>"), so it re-checks then instead of at the end of the previous holder's lease.
 -- Entries whose expiry passed belong to waiters that gave up or died and are dropped.
 -- Returns the new holder's token, or false when the lock was deleted.
+-- With claim_ms "0" (independent masters, Redlock) nothing is reserved: a lock held on a
+-- majority cannot be handed over by one master, so every live waiter is told to try again now.
+local function wake_all(queue_key, prefix, now)
+  local entries = redis.call('LRANGE', queue_key, 0, -1)
+  redis.call('DEL', queue_key)
+  for _, entry in ipairs(entries) do
+    local x, w = parse_entry(entry)
+    if x and tonumber(x) > now then
+      redis.call('PUBLISH', channel_of(prefix, w), 'r ' .. w .. ' 0')
+    end
+  end
+end
+
 local function hand_off(lock_key, fence_key, queue_key, prefix, trust, claim_ms)
   if redis.call('LLEN', queue_key) == 0 then
     redis.call('DEL', lock_key)
     return false
   end
   local now = server_ms()
+  if tonumber(claim_ms) == 0 then
+    wake_all(queue_key, prefix, now)
+    redis.call('DEL', lock_key)
+    return false
+  end
   local w, o, m = next_waiter(queue_key, prefix, trust, now)
   if not w then
     redis.call('DEL', lock_key)
