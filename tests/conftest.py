@@ -18,6 +18,8 @@ from tests.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
+pytest_plugins = ["tests.topology_fixtures"]
+
 
 @pytest.fixture
 def redis_client() -> Iterator[redis.Redis]:

@@ -33,7 +33,6 @@ if TYPE_CHECKING:  # imported by pytest as a plugin; importing it here would def
     from tests.topology_fixtures import ProxiedRedis
 
 # Redundant once tests/conftest.py registers the plugin; harmless then (registered once).
-pytest_plugins = ["tests.topology_fixtures"]
 
 pytestmark = pytest.mark.slow
 

@@ -33,7 +33,7 @@ def primary_and_replica(redis_factory, settings):
 
 
 def test_an_acknowledged_acquisition_and_renewal_count(primary_and_replica):
-    primary, replica = primary_and_replica
+    _, replica = primary_and_replica
     lock = Lock("replicated", timeout=5)
     assert lock.acquire()
     wait_for(lambda: replica.client().exists("redislock:lock:{replicated}"), what="replication")
