@@ -1,0 +1,119 @@
+"""Partitions: our own TCP proxy blackholes the lock client's traffic mid-hold and mid-wait.
+
+Deadlines are honoured, no thread hangs, the watchdog recovers after the partition heals, and
+``lost`` is right: set when the lease ran out during the partition, not when it did not.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from django_redislock import Lock, LockBackendError, LockLostError, signals
+from tests.conftest import wait_for
+
+SOCKET_TIMEOUT = 1.0
+
+
+@pytest.fixture
+def proxied(proxied_redis, settings):
+    """CACHES["proxied"] reaches the server through the proxy; "direct" does not."""
+    options = {"SOCKET_CONNECT_TIMEOUT": SOCKET_TIMEOUT, "SOCKET_TIMEOUT": SOCKET_TIMEOUT}
+    settings.CACHES = {
+        **settings.CACHES,
+        "proxied": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"{proxied_redis.url}/0",
+            "OPTIONS": options,
+        },
+        "direct": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"{proxied_redis.server.url}/0",
+            "OPTIONS": options,
+        },
+    }
+    return proxied_redis
+
+
+def test_a_partition_shorter_than_the_lease_loses_nothing(proxied):
+    lost: list[str] = []
+    receiver = lambda sender, name, **kw: lost.append(name)  # noqa: E731
+    signals.lock_lost.connect(receiver)
+    try:
+        with Lock("partitioned", using="proxied", timeout=6) as lock:
+            with proxied.proxy.blackholed(3.0):
+                time.sleep(3.0)  # the renewal due at 2 s times out inside the partition
+            wait_for(lambda: lock.owned(), timeout=5, what="the watchdog to renew again")
+            assert not lock.lost
+            time.sleep(2.5)  # one more renewal round, after the partition
+            assert not lock.lost and lock.owned()
+    finally:
+        signals.lock_lost.disconnect(receiver)
+    assert lost == []
+
+
+def test_a_partition_longer_than_the_lease_reports_the_loss(proxied):
+    with pytest.raises(LockLostError), Lock("outlived", using="proxied", timeout=1.5) as lock:
+        with proxied.proxy.blackholed(3.0):
+            time.sleep(3.0)  # the lease ends on the server meanwhile
+        wait_for(lambda: lock.lost, timeout=5, what="the watchdog to report the loss")
+    # The server is fine, and so is the client: someone else takes the lock at once.
+    assert Lock("outlived", using="direct").acquire(blocking=False)
+
+
+def test_a_waiter_inside_a_partition_still_acquires_after_it_heals(proxied):
+    holder = Lock("wait-partition", using="direct", timeout=30, owner="holder")
+    holder.acquire()
+    result: dict[str, object] = {}
+
+    def wait() -> None:
+        started = time.monotonic()
+        try:
+            result["acquired"] = Lock("wait-partition", using="proxied", timeout=5).acquire(
+                blocking_timeout=10
+            )
+        except LockBackendError as exc:
+            result["error"] = exc
+        result["took"] = time.monotonic() - started
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wait_for(lambda: proxied.direct().llen("redislock:queue:{wait-partition}") == 1)
+    with proxied.proxy.blackholed(3.0):
+        time.sleep(0.5)
+        holder.release()  # handed to the waiter, whose wake-up is stuck in the partition
+        time.sleep(2.5)
+    thread.join(15)
+    assert not thread.is_alive()
+    assert result.get("acquired") is True, result
+    assert result["took"] < 10  # type: ignore[operator]
+
+
+def test_a_deadline_inside_a_partition_is_honoured(proxied):
+    holder = Lock("deadline-partition", using="direct", timeout=30, owner="holder")
+    holder.acquire()
+    result: dict[str, object] = {}
+
+    def wait() -> None:
+        started = time.monotonic()
+        try:
+            result["acquired"] = Lock("deadline-partition", using="proxied").acquire(
+                blocking_timeout=1.5
+            )
+        except LockBackendError as exc:
+            result["error"] = exc
+        result["took"] = time.monotonic() - started
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wait_for(lambda: proxied.direct().llen("redislock:queue:{deadline-partition}") == 1)
+    with proxied.proxy.blackholed(3.0):
+        thread.join(10)
+        assert not thread.is_alive()
+    # False at the deadline, or — if the call that gives up its place is the one cut off —
+    # LockBackendError one socket timeout later; never a hang, never the lock.
+    assert result.get("acquired") is False or isinstance(result.get("error"), LockBackendError)
+    assert result["took"] < 1.5 + SOCKET_TIMEOUT + 1.0  # type: ignore[operator]
+    holder.release()
