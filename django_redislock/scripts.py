@@ -12,13 +12,15 @@ name that file instead of Redis's ``user_script``.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from typing import Any
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ClusterError, NoScriptError, ResponseError, TryAgainError
 
 __all__ = [
     "ACQUIRE",
@@ -74,7 +76,7 @@ class Script:
         message = str(exc).replace("user_script", self.filename)
         return type(exc)(message)
 
-    def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    def _call(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
             try:
                 return client.evalsha(self.sha, len(keys), *keys, *args)
@@ -82,10 +84,11 @@ class Script:
                 client.script_load(self.source)
                 return client.evalsha(self.sha, len(keys), *keys, *args)
         except ResponseError as exc:
+            if isinstance(exc, _MIGRATING):
+                raise
             raise self._named(exc) from exc
 
-    async def acall(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """:meth:`__call__` for a ``redis.asyncio`` client."""
+    async def _acall(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
             try:
                 return await client.evalsha(self.sha, len(keys), *keys, *args)
@@ -93,7 +96,49 @@ class Script:
                 await client.script_load(self.source)
                 return await client.evalsha(self.sha, len(keys), *keys, *args)
         except ResponseError as exc:
+            if isinstance(exc, _MIGRATING):
+                raise
             raise self._named(exc) from exc
+
+    def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run the script; on a Cluster, retried while its slot is being migrated."""
+        for pause in _migration_pauses():
+            try:
+                return self._call(client, keys, args)
+            except _MIGRATING:
+                if pause is None:
+                    raise
+                time.sleep(pause)
+        raise AssertionError("unreachable")
+
+    async def acall(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """:meth:`__call__` for a ``redis.asyncio`` client."""
+        for pause in _migration_pauses():
+            try:
+                return await self._acall(client, keys, args)
+            except _MIGRATING:
+                if pause is None:
+                    raise
+                await asyncio.sleep(pause)
+        raise AssertionError("unreachable")
+
+
+#: Answers of a Cluster whose slot is being migrated or failed over (``TRYAGAIN`` for a script
+#: whose keys are split between the two nodes, redirect loops, ``CLUSTERDOWN``): they end by
+#: themselves within moments, so they are retried rather than reported.
+_MIGRATING: tuple[type[Exception], ...] = (TryAgainError, ClusterError)
+#: Seconds a script keeps being retried through a slot migration or failover.
+MIGRATION_RETRY_BUDGET = 5.0
+
+
+def _migration_pauses() -> Iterator[float | None]:
+    """Pauses between attempts (growing), then ``None``: give up."""
+    spent, pause = 0.0, 0.01
+    while spent < MIGRATION_RETRY_BUDGET:
+        yield pause
+        spent += pause
+        pause = min(pause * 2, 0.25)
+    yield None
 
 
 def node_client(client: Any, key: str) -> Any:

@@ -23,7 +23,7 @@ from typing import Any
 
 from redis import exceptions as redis_errors
 
-from django_redislock import holds, scripts
+from django_redislock import connection, holds, scripts
 from django_redislock.holds import Hold
 
 __all__ = ["RETRY_AFTER", "Watchdog", "watchdog"]
@@ -94,12 +94,17 @@ class Watchdog:
                 time.sleep(RETRY_AFTER)
 
     def renew_now(self, due: list[Hold]) -> None:
-        """Renew ``due`` with one pipeline per client and script; mark the ones found gone as
-        lost (locks and semaphore permits renew with different scripts)."""
+        """Renew ``due`` with one pipeline per connection and script; mark the ones found gone
+        as lost (locks and semaphore permits renew with different scripts).
+
+        On a Redis Cluster a pipeline goes to the node of each key (cluster pipelines refuse
+        scripts); a renewal that meets a redirect or a failed node is retried at once as a
+        single call through the cluster client, which follows ``MOVED``/``ASK`` and failovers.
+        """
         by_client: dict[tuple[int, str], tuple[Any, list[Hold]]] = {}
         for hold in due:
             client = hold.client
-            if hold.replicas[0]:  # WAIT counts one connection's writes: the key's node
+            if hold.replicas[0] or connection.is_cluster(client):
                 client = scripts.node_client(client, hold.renew[2][0])
             by_client.setdefault((id(client), hold.renew[1].sha), (client, []))[1].append(hold)
         for client, group in by_client.values():
@@ -110,16 +115,35 @@ class Watchdog:
                 )
             except redis_errors.RedisError as exc:
                 results = [exc] * len(group)
-            now = time.monotonic()
             for hold, result in zip(group, results, strict=True):
-                if isinstance(result, Exception):
-                    # Unknown outcome: keep the hold and try again soon, before the lease runs out.
-                    logger.warning("django_redislock: could not renew %r: %s", hold.name, result)
-                    hold.next_renewal = now + min(RETRY_AFTER, hold.lease / 3)
-                elif int(result) == 1:
-                    hold.next_renewal = now + hold.lease / 3
-                elif hold.registered:
-                    holds.mark_lost(hold)
+                if isinstance(result, Exception) and connection.is_cluster(hold.client):
+                    result = self._renew_alone(hold)
+                self._settle(hold, result)
+
+    @staticmethod
+    def _renew_alone(hold: Hold) -> Any:
+        client, script, keys, args = hold.renew
+        try:
+            if hold.replicas[0]:
+                reply, acked = scripts.call_and_wait(script, client, keys, args, *hold.replicas)
+                if acked < hold.replicas[0]:
+                    return redis_errors.ResponseError("not acknowledged by enough replicas")
+                return reply
+            return script(client, keys, args)
+        except redis_errors.RedisError as exc:
+            return exc
+
+    @staticmethod
+    def _settle(hold: Hold, result: Any) -> None:
+        now = time.monotonic()
+        if isinstance(result, Exception):
+            # Unknown outcome: keep the hold and try again soon, before the lease runs out.
+            logger.warning("django_redislock: could not renew %r: %s", hold.name, result)
+            hold.next_renewal = now + min(RETRY_AFTER, hold.lease / 3)
+        elif int(result) == 1:
+            hold.next_renewal = now + hold.lease / 3
+        elif hold.registered:
+            holds.mark_lost(hold)
 
     def _after_fork(self) -> None:
         self._cond = threading.Condition(threading.Lock())
