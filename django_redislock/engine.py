@@ -161,12 +161,22 @@ def target_for(using: str | None) -> Target:
             trust_publish="0" if connection.is_cluster(client) else "1",
             socket_timeout=connection.socket_timeout(client),
             replicas=settings.replicas,
-            replicas_timeout_ms=int(settings.replicas_timeout * 1000),
+            replicas_timeout_ms=_wait_ms(
+                settings.replicas_timeout, connection.socket_timeout(client)
+            ),
             masters=masters,
         )
         with _targets_mutex:
             _targets[alias] = target
     return target
+
+
+def _wait_ms(replicas_timeout: float, socket_timeout: float | None) -> int:
+    """``WAIT``'s timeout, kept below the socket timeout: a ``WAIT`` that outlasts the socket
+    would read as an outage instead of as "not acknowledged"."""
+    if socket_timeout is not None:
+        replicas_timeout = min(replicas_timeout, max(0.001, socket_timeout * 0.8))
+    return max(1, int(replicas_timeout * 1000))
 
 
 def _forget_targets() -> None:
