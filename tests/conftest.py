@@ -18,6 +18,22 @@ from tests.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# A test that uses one of these fixtures starts processes (lock holders, Celery workers, extra
+# redis-servers, a live server for the browser) and takes seconds: it is marked `slow` wherever
+# it lives, as is everything under tests/faults/. `make test-fast` runs `-m "not slow"`; files
+# may also mark tests themselves (`pytestmark = pytest.mark.slow`).
+SLOW_FIXTURES = frozenset(
+    {"holders", "redis_factory", "worker", "live_server", "browser_page", "running_guarded"}
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    faults = ROOT / "tests" / "faults"
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & SLOW_FIXTURES or faults in item.path.parents:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture
 def redis_client() -> Iterator[redis.Redis]:

@@ -22,6 +22,8 @@ from django.conf import settings
 
 import django_redislock
 
+pytestmark = pytest.mark.slow  # builds distributions, installs into fresh venvs
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "django_redislock"
 
