@@ -159,3 +159,11 @@ def hold(holders: list[subprocess.Popen[str]], name: str, *args: str) -> dict[st
     proc, info = start_holder(name, "--timeout", "10", *args)
     holders.append(proc)
     return info
+
+
+@pytest.fixture(scope="session")
+def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The sdist and wheel of this checkout (``python -m build``), built once per session."""
+    from tests.venvs import build_dists
+
+    return build_dists(tmp_path_factory.mktemp("dist"))
