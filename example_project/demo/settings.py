@@ -25,7 +25,6 @@ VAR_DIR = Path(
     os.environ.get("DEMO_VAR_DIR")
     or Path(os.environ.get("DEMO_VAR_ROOT") or BASE_DIR / "var") / DEMO_PORT
 )
-VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 
 def _redis_server_url() -> str:
@@ -46,6 +45,7 @@ def _redis_server_url() -> str:
 
 
 REDIS_URL = _redis_server_url()
+VAR_DIR.mkdir(parents=True, exist_ok=True)  # only once a demo (or REDIS_URL) is known
 
 
 def _redis_db(db: int) -> str:
