@@ -1,14 +1,22 @@
-# Developer entry points for django-redislock.
+# The one task runner of django-redislock: developers, the README and CI (`.ci/run` = `make ci`)
+# all come through these targets; scripts/*.sh are their helpers, tox only runs the matrix.
 #
-#   make demo [PORT=8000]   the example project on an embedded Redis (Ctrl-C stops everything)
-#   make test [ARGS=...]    the test-suite, as CI runs it (scripts/test.sh)
-#   make lint               ruff + mypy
-#   make bench [ARGS=...]   benchmarks (benchmarks/bench_locks.py; ARGS=--quick for a short run)
-#   make matrix             oldest and newest supported Python/Django/Celery/redis-py (tox)
+#   make test [ARGS=...]    the whole suite, as CI runs it (creates .venv on first use)
+#   make test-fast          everything but the tests marked `slow` (seconds)
+#   make test-slow          only the `slow` tests (processes, workers, browsers, faults, venvs)
+#   make lint               ruff check + ruff format --check
+#   make format             ruff check --fix + ruff format
+#   make type               mypy --strict over the package
+#   make matrix [ARGS=...]  oldest and newest supported Python/Django/Celery/redis-py (tox)
+#   make bench [ARGS=...]   benchmarks/bench_locks.py (ARGS=--quick for a short run)
+#   make demo [PORT=8000]   the example project (Ctrl-C stops everything)
+#   make hooks              install pre-commit and its git hook (optional)
+#   make ci                 what .ci/run runs: lint, type, test, matrix, bench smoke run
 #
-# The first target run creates .venv (PYTHON=... picks the interpreter) and installs the package
-# in editable mode with its test, celery, lint and bench extras; later runs reinstall only when
-# setup.cfg or pyproject.toml changed.
+# `make venv` creates .venv (PYTHON=... picks the interpreter) with the package in editable mode,
+# its celery/django-redis/prometheus extras and the `dev` dependency group (pyproject.toml);
+# `make demo` installs only what the demo needs. Later runs reinstall only when setup.cfg or
+# pyproject.toml changed. VENV=... puts the venv elsewhere.
 
 VENV ?= .venv
 PORT ?= 8000
@@ -16,28 +24,74 @@ ARGS ?=
 export VENV
 
 BIN := $(VENV)/bin
+PY := $(BIN)/python
+# Everything ruff checks and formats (example_project/ruff.toml extends the root config).
+CODE := django_redislock tests example_project benchmarks
+# The matrix step of CI: the core of the suite in the oldest and newest environments.
+MATRIX_TESTS := tests/test_lock.py tests/test_decorators.py tests/test_operations.py \
+	tests/test_checks.py tests/faults/test_lock_faults.py tests/test_celery.py
 
-.PHONY: demo test lint bench matrix venv clean-demo
+.DEFAULT_GOAL := help
+.PHONY: help venv demo-venv system-deps test test-fast test-slow lint format type matrix bench \
+	demo clean-demo hooks ci
+
+help:
+	@sed -n 's/^#   make /  make /p' $(firstword $(MAKEFILE_LIST))
 
 venv:
-	@bash scripts/venv.sh
+	@bash scripts/venv.sh dev
 
-demo: venv
-	$(BIN)/python example_project/run_demo.py --port $(PORT)
+demo-venv:
+	@bash scripts/venv.sh demo
 
-test:
-	bash scripts/test.sh $(ARGS)
+# chromium and redis-server from Debian when missing and we are root (a clean CI machine).
+system-deps:
+	@bash scripts/system-deps.sh
+
+test: venv system-deps
+	$(PY) -m pytest $(ARGS)
+
+test-fast: venv
+	$(PY) -m pytest -m "not slow" $(ARGS)
+
+test-slow: venv system-deps
+	$(PY) -m pytest -m slow $(ARGS)
 
 lint: venv
-	$(BIN)/ruff check django_redislock tests example_project benchmarks
+	$(BIN)/ruff check $(CODE)
+	$(BIN)/ruff format --check $(CODE)
+
+format: venv
+	$(BIN)/ruff check --fix $(CODE)
+	$(BIN)/ruff format $(CODE)
+
+type: venv
 	$(BIN)/mypy django_redislock
 
-bench: venv
-	$(BIN)/python benchmarks/bench_locks.py $(ARGS)
-
-matrix:
+matrix: venv system-deps
 	bash scripts/matrix.sh $(ARGS)
 
-# Forget the demo's database, beat schedule and Redis folder (the next `make demo` recreates them).
+bench: venv
+	$(PY) benchmarks/bench_locks.py $(ARGS)
+
+demo: demo-venv
+	$(PY) example_project/run_demo.py --port $(PORT)
+
+# Forget every demo's database, beat schedule and Redis folder (the next `make demo` recreates
+# them). Stop running demos first.
 clean-demo:
 	rm -rf example_project/var
+
+hooks: venv
+	$(PY) -m pip install --quiet --group hooks
+	$(BIN)/pre-commit install
+
+# CI: cheap checks first, then the whole suite (slow tests included: nothing is skipped), the
+# oldest/newest matrix on the core tests, and a benchmark smoke run (prints numbers; speed is
+# not a pass/fail criterion).
+ci:
+	$(MAKE) lint
+	$(MAKE) type
+	$(MAKE) test ARGS="-q --durations=15"
+	$(MAKE) matrix ARGS="-q $(MATRIX_TESTS)"
+	$(MAKE) bench ARGS=--quick

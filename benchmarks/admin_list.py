@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/admin_list.py [--locks 100000] [--runs 15]
 
-Starts a private redis-server (tests/redis_server.py), writes N lock records (and their fencing
+Starts a private redis-server (django_redislock.testing), writes N lock records (and their fencing
 counters, as real locks leave them) straight into Redis, then times full admin requests through
 Django's test client — view, SCAN paging, template rendering — as a logged-in superuser:
 
@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--sorted-runs", type=int, default=3)
     opts = parser.parse_args()
 
-    from tests.redis_server import RedisServer
+    from django_redislock.testing import RedisServer
 
     with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
         os.environ["REDISLOCK_TEST_REDIS_URL"] = server.url

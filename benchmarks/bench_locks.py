@@ -1,6 +1,6 @@
 """Benchmark django-redislock's ``Lock`` against redis-py's ``Lock`` and python-redis-lock.
 
-One private redis-server (``tests.redis_server.RedisServer``), one run, one table:
+One private redis-server (``django_redislock.testing.RedisServer``), one run, one table:
 
 1. Uncontended acquire+release on one key in one process (latency, cycles/s, round trips).
 2. Contended hand-off: N = 2, 4, 8 spawned processes looping acquire -> release on one key
@@ -598,7 +598,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short run for CI smoke (< 20 s)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
-    from tests.redis_server import RedisServer
+    from django_redislock.testing import RedisServer
 
     wall = time.monotonic()
     with RedisServer() as server:

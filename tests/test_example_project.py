@@ -6,7 +6,8 @@ page (with CSRF, over HTTP), sees one task published and one execution, sees the
 Locks page after logging in with the printed credentials, sees beat runs that never overlap and
 a guarded management command refuse to run twice, then presses Ctrl-C (SIGINT) and checks that
 every process the demo started is gone. A second run with ``REDIS_URL`` set uses that server
-(and leaves it running on exit).
+(and leaves it running on exit). Two demos from one checkout run side by side, as the "port in
+use" hint promises, and a supervisor started on a running demo's folder is refused.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.redis_server import RedisServer, free_port
+
+pytestmark = pytest.mark.slow  # the whole demo: Redis, worker, beat, runserver
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "example_project"
@@ -66,7 +69,10 @@ class Browser:
 
 
 class Demo:
-    def __init__(self, proc: subprocess.Popen[bytes], log: Path, port: int, var_dir: Path):
+    def __init__(
+        self, proc: subprocess.Popen[bytes], log: Path, port: int, var_dir: Path, python: Path
+    ) -> None:
+        self.python = str(python)  # the demo venv's: manage.py in "another terminal" uses it
         self.proc = proc
         self.log = log
         self.port = port
@@ -88,30 +94,76 @@ class Demo:
 DemoFactory = Callable[..., Demo]
 
 
+DEVELOPER_TOOLS = {"pytest", "pytest-django", "ruff", "mypy", "tox", "playwright", "build"}
+
+
+@pytest.fixture(scope="module")
+def demo_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The interpreter of a venv made by ``make demo-venv``, the first step of ``make demo``.
+
+    The demo runs from it, so whatever the demo needs and that target does not install fails
+    here; and it must not bring the developer tools (tests, lint, types, benchmarks).
+    """
+    venv = tmp_path_factory.mktemp("demo-venv") / "venv"
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+    proc = subprocess.run(
+        ["make", "--no-print-directory", "demo-venv", f"VENV={venv}", f"PYTHON={sys.executable}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    python = venv / "bin" / "python"
+    listed = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    names = {p["name"].lower() for p in json.loads(listed.stdout)}
+    assert {"django-redislock", "celery", "django-redis"} <= names, names
+    assert not names & DEVELOPER_TOOLS, f"make demo installed {sorted(names & DEVELOPER_TOOLS)}"
+    return python
+
+
 @pytest.fixture
-def demo_factory(tmp_path: Path) -> Iterator[DemoFactory]:
+def demo_factory(tmp_path: Path, demo_python: Path) -> Iterator[DemoFactory]:
     """Start ``run_demo.py`` on a free port; whatever a failed test leaves running is stopped."""
     started: list[Demo] = []
 
-    def start(*args: str, **extra_env: str) -> Demo:
-        port = free_port()
+    def start(
+        *args: str, port: int | None = None, var_root: Path | None = None, **extra_env: str
+    ) -> Demo:
+        """Without ``var_root`` the demo gets a folder of its own (``--var-dir``); with it, the
+        demo picks its folder itself, as ``make demo`` does in a checkout (``var/<port>/``)."""
+        port = port or free_port()
         workdir = tmp_path / f"demo{len(started)}"
         workdir.mkdir()
         env = {
-            k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DJANGO_SETTINGS_MODULE"}
+            k: v
+            for k, v in os.environ.items()
+            if k not in {"REDIS_URL", "DJANGO_SETTINGS_MODULE"} and not k.startswith("DEMO_")
         }
         # Short jobs and a fast beat keep the test well under a minute.
         env.update(DEMO_REPORT_SECONDS="3", DEMO_SYNC_SECONDS="1.5", DEMO_SYNC_INTERVAL="1")
         env.update(extra_env)
         log = workdir / "demo.log"
-        var_dir = workdir / "var"
-        command = [sys.executable, str(DEMO / "run_demo.py"), "--port", str(port)]
-        command += ["--var-dir", str(var_dir), "--concurrency", "2", "--grace", "10", *args]
+        command = [str(demo_python), str(DEMO / "run_demo.py"), "--port", str(port)]
+        if var_root is None:
+            var_dir = workdir / "var"
+            command += ["--var-dir", str(var_dir)]
+        else:
+            var_dir = var_root / str(port)
+            env["DEMO_VAR_ROOT"] = str(var_root)
+        command += ["--concurrency", "2", "--grace", "10", *args]
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 command, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT
             )
-        demo = Demo(proc, log, port, var_dir)
+        demo = Demo(proc, log, port, var_dir, demo_python)
         started.append(demo)
         return demo
 
@@ -204,7 +256,7 @@ def test_demo_single_flight_admin_and_clean_shutdown(demo_factory: DemoFactory) 
         "DEMO_VAR_DIR": str(demo.var_dir),
     }
     command_env.pop("REDIS_URL", None)  # found through var/redis.url, as in a second terminal
-    manage = [sys.executable, "manage.py", "rebuild_search_index"]
+    manage = [demo.python, "manage.py", "rebuild_search_index"]
     first = subprocess.Popen(
         [*manage, "--seconds", "4"],
         cwd=DEMO,
@@ -288,9 +340,96 @@ def test_demo_uses_redis_url_and_leaves_that_server_running(
 
     page = Browser(demo.base_url).submit("", "enqueue/report/", {"account_id": "3", "copies": "2"})
     assert "requested 2 times: 1 task published" in page, page
-    # The lock and the Celery broker live in the given server (databases 0 and 1).
-    assert any(b"report:3" in key for key in external.client(0).keys("*")), "no lock in db 0"
+    # The Celery broker and the locks live in the given server (databases 1 and 3: locks have
+    # a cache alias and a database of their own, see demo/settings.py).
+    assert any(b"report:3" in key for key in external.client(3).keys("*")), "no lock in db 3"
+    assert not any(b"report:3" in key for key in external.client(0).keys("*")), "lock in db 0"
     assert external.client(1).exists("_kombu.binding.celery")
 
     stop(demo)
     assert external.client().ping(), "the demo stopped a Redis server it did not start"
+
+
+def manage_py(demo: Demo, var_root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``DEMO_PORT=<port> manage.py ...`` in another terminal of the same checkout."""
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL" and not k.startswith("DEMO_")}
+    env.update(
+        DJANGO_SETTINGS_MODULE="demo.settings",
+        DEMO_VAR_ROOT=str(var_root),
+        DEMO_PORT=str(demo.port),
+    )
+    return subprocess.run(
+        [demo.python, "manage.py", *args],
+        cwd=DEMO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def beat_runs(demo: Demo) -> int:
+    return int(Browser(demo.base_url).json("status.json")["runs"].get("inventory-sync", 0))
+
+
+def test_a_second_demo_from_the_same_checkout_runs_beside_the_first(
+    demo_factory: DemoFactory, tmp_path: Path
+) -> None:
+    root = tmp_path / "checkout-var"  # example_project/var/ of one checkout
+    first = demo_factory(var_root=root)
+    wait_until_ready(first)
+    first_redis = (first.var_dir / "redis.url").read_text().strip()
+
+    # `make demo` again on the same port: refused at once with a hint, nothing touched.
+    clash = demo_factory(var_root=root, port=first.port)
+    assert clash.proc.wait(30) == 1, clash.output()
+    hint = re.search(r"port \d+ is in use: try `make demo PORT=(\d+)`", clash.output())
+    assert hint, clash.output()
+    assert (first.var_dir / "redis.url").read_text().strip() == first_redis
+
+    # Following the hint starts a second demo beside the first: own folder, own Redis, own beat.
+    second = demo_factory(var_root=root, port=int(hint.group(1)))
+    wait_until_ready(second)
+    assert second.var_dir == root / str(second.port) != first.var_dir
+    second_redis = (second.var_dir / "redis.url").read_text().strip()
+    assert second_redis != first_redis
+    for demo in (first, second):
+        assert demo.proc.poll() is None, demo.output()
+        assert (demo.var_dir / "celerybeat.pid").exists()
+        wait_for(lambda d=demo: beat_runs(d) >= 1, 20, 0.3, what=f"beat runs on {demo.port}")
+
+    # A supervisor pointed at the first demo's folder is refused before it touches anything.
+    intruder = demo_factory("--var-dir", str(first.var_dir))
+    assert intruder.proc.wait(30) == 1, intruder.output()
+    assert f"another demo (pid {first.proc.pid}) is running with {first.var_dir}" in (
+        intruder.output()
+    )
+    assert (first.var_dir / "redis.url").read_text().strip() == first_redis
+
+    # A report enqueued on the second demo is a lock in the second's Redis only; manage.py in
+    # another terminal finds each demo's Redis through DEMO_PORT.
+    Browser(second.base_url).submit("", "enqueue/report/", {"account_id": "9", "copies": "2"})
+    listed = manage_py(second, root, "redislock", "list", "--match", "report:*")
+    assert listed.returncode == 0, listed.stderr
+    assert "report:9" in listed.stdout
+    listed = manage_py(first, root, "redislock", "list", "--match", "report:*")
+    assert listed.returncode == 0, listed.stderr
+    assert "report:9" not in listed.stdout
+
+    # Stopping the second leaves the first running: its Redis, beat and workers carry on.
+    stop(second)
+    assert not (second.var_dir / "redis.url").exists()
+    assert (first.var_dir / "redis.url").read_text().strip() == first_redis
+    runs = beat_runs(first)
+    wait_for(lambda: beat_runs(first) > runs, 20, 0.3, what="the first demo's beat to go on")
+    page = Browser(first.base_url).submit("", "enqueue/report/", {"account_id": "8", "copies": "3"})
+    assert "requested 3 times: 1 task published" in page, page
+    listed = manage_py(first, root, "redislock", "list", "--match", "report:*")
+    assert listed.returncode == 0 and "report:8" in listed.stdout, listed.stdout + listed.stderr
+    stop(first)
+
+    # With no demo running, manage.py says so instead of guessing 127.0.0.1:6379.
+    orphan = manage_py(first, root, "redislock", "list")
+    assert orphan.returncode != 0
+    assert f"No demo is running with {first.var_dir}" in orphan.stderr

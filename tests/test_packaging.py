@@ -9,8 +9,6 @@ suite's real Redis, runs the system checks and migrations, and renders every pac
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import tarfile
 import textwrap
@@ -21,6 +19,9 @@ import pytest
 from django.conf import settings
 
 import django_redislock
+from tests.venvs import copy_checkout, fresh_venv, outside_env, pip_install, run
+
+pytestmark = pytest.mark.slow  # builds distributions, installs into fresh venvs
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "django_redislock"
@@ -33,37 +34,6 @@ def package_files() -> set[str]:
         for path in PACKAGE.rglob("*")
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
     }
-
-
-def run(
-    args: list[str],
-    *,
-    timeout: float = 300,
-    cwd: Path | None = None,
-    env: dict[str, str] | None = None,
-) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        args, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env, check=False
-    )
-    assert proc.returncode == 0, f"{args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return proc
-
-
-@pytest.fixture(scope="module")
-def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("dist")
-    # Run from a temporary folder: the repository's own build/ folder would shadow `build`.
-    probe = subprocess.run(
-        [sys.executable, "-m", "build", "--version"], cwd=out, capture_output=True, check=False
-    )
-    if probe.returncode != 0:
-        pytest.fail("`build` is not installed: it belongs in the `test` extra (setup.cfg)")
-    # Without --sdist/--wheel, build makes the sdist and then the wheel *from the sdist*.
-    run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)], cwd=out)
-    wheels = list(out.glob("*.whl"))
-    sdists = list(out.glob("*.tar.gz"))
-    assert len(wheels) == 1 and len(sdists) == 1, sorted(p.name for p in out.iterdir())
-    return {"wheel": wheels[0], "sdist": sdists[0]}
 
 
 def test_version_comes_from_the_package(dists: dict[str, Path]) -> None:
@@ -93,7 +63,7 @@ def test_sdist_contains_package_docs_and_changelog(dists: dict[str, Path]) -> No
         names = {n.removeprefix(f"{top}/") for n in tar.getnames()}
     missing = package_files() - names
     assert not missing, f"not in the sdist: {sorted(missing)}"
-    assert {"CHANGELOG.md", "setup.cfg", "pyproject.toml"} <= names
+    assert {"CHANGELOG.md", "LICENSE", "setup.cfg", "pyproject.toml"} <= names
     if (ROOT / "README.md").exists():
         assert "README.md" in names
 
@@ -179,30 +149,18 @@ def test_installed_wheel_takes_a_lock_outside_the_repository(
     dists: dict[str, Path], tmp_path: Path
 ) -> None:
     venv_dir = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", "--without-pip", str(venv_dir)])
-    python = venv_dir / "bin" / "python"
-    # The repository's pip installs into the new venv (no ensurepip); deps come from the index.
-    run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(python),
-            "install",
-            "--quiet",
-            str(dists["wheel"]),
-        ],
-        timeout=600,
-    )
+    python = fresh_venv(venv_dir)
+    # The smoke project's cache is django-redis: the extra that brings it.
+    pip_install(python, f"{dists['wheel']}[django-redis]")
 
     project = tmp_path / "project"
     project.mkdir()
     (project / "smoke_settings.py").write_text(textwrap.dedent(SMOKE_SETTINGS))
     (project / "smoke.py").write_text(textwrap.dedent(SMOKE_SCRIPT))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "DJANGO"))}
-    env["DJANGO_SETTINGS_MODULE"] = "smoke_settings"
-    env["SMOKE_REDIS_LOCATION"] = settings.CACHES["default"]["LOCATION"]
+    env = outside_env(
+        DJANGO_SETTINGS_MODULE="smoke_settings",
+        SMOKE_REDIS_LOCATION=settings.CACHES["default"]["LOCATION"],
+    )
     proc = run([str(python), "smoke.py"], cwd=project, env=env, timeout=120)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -215,3 +173,47 @@ def test_installed_wheel_takes_a_lock_outside_the_repository(
     assert result["locked_after_release"] is False
     assert {p.name for p in (PACKAGE / "lua").glob("*.lua")} == set(result["lua"])
     assert result["templates"], "no templates were installed"
+
+
+def test_wheel_metadata_license_extras_and_platforms(dists: dict[str, Path]) -> None:
+    """What pip and PyPI read: SPDX license, the license file, user extras only, POSIX."""
+    with zipfile.ZipFile(dists["wheel"]) as whl:
+        names = whl.namelist()
+        meta_name = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        meta = whl.read(meta_name).decode()
+    headers = meta.split("\n\n", 1)[0].splitlines()
+    assert "License-Expression: BSD-3-Clause" in headers
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert not [h for h in headers if h.startswith("Classifier: License ::")]
+    assert "Classifier: Operating System :: OS Independent" not in headers
+    assert "Classifier: Operating System :: POSIX :: Linux" in headers
+    extras = {h.split(": ", 1)[1] for h in headers if h.startswith("Provides-Extra: ")}
+    assert extras == {"celery", "django-redis", "prometheus"}, extras
+    requires = [h.split(": ", 1)[1] for h in headers if h.startswith("Requires-Dist: ")]
+    unconditional = {r.split(">")[0].split("[")[0].lower() for r in requires if ";" not in r}
+    assert unconditional == {"django", "redis"}, requires  # django-redis is optional
+    assert any(r.startswith("celery[redis]") and 'extra == "celery"' in r for r in requires)
+
+
+def test_build_prints_no_setuptools_warnings(tmp_path: Path) -> None:
+    """Ignored data packages and deprecated license classifiers were warned about at every build."""
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--no-isolation",
+            "--wheel",
+            "--outdir",
+            str(tmp_path),
+            str(copy_checkout(tmp_path / "checkout")),
+        ],
+        cwd=tmp_path,
+    )
+    output = proc.stdout + proc.stderr
+    for warning in (
+        "SetuptoolsDeprecationWarning",
+        "is absent from the `packages`",
+        "License classifiers are deprecated",
+    ):
+        assert warning not in output, output

@@ -7,7 +7,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT, subprocess_env
+
+pytestmark = pytest.mark.slow  # six Django processes
 
 PROCESSES = 6
 ITERATIONS = 200

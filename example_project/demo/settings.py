@@ -1,10 +1,14 @@
 """Settings of the django-redislock demo.
 
-Redis: ``REDIS_URL`` when set (``redis://host:port``; the demo uses databases 0 = cache and locks,
-1 = Celery broker, 2 = Celery results), else the embedded server that ``run_demo.py`` started
-(it writes its URL to ``var/redis.url`` while it runs, so ``manage.py`` in another terminal finds
-it), else ``redis://127.0.0.1:6379``. Everything the demo writes lives under ``var/``
-(``DEMO_VAR_DIR`` moves it; the end-to-end test points it at a temporary folder).
+Everything a demo writes lives in the folder of its port, ``var/<DEMO_PORT>/`` (default port
+8000; ``DEMO_VAR_ROOT`` moves ``var/``, ``DEMO_VAR_DIR`` names the folder outright), so two demos
+from one checkout never share a database, a beat schedule or a Redis.
+
+Redis: ``REDIS_URL`` when set (``redis://host:port``; the demo uses databases 0 = cache,
+1 = Celery broker, 2 = Celery results, 3 = locks), else the embedded server that ``run_demo.py``
+started for that port (it writes its URL to ``var/<port>/redis.url`` while it runs, so
+``manage.py`` in another terminal finds it; ``DEMO_PORT=8001 manage.py ...`` for the demo on
+port 8001).
 """
 
 from __future__ import annotations
@@ -13,22 +17,35 @@ import os
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from django.core.exceptions import ImproperlyConfigured
+
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(os.environ.get("DEMO_VAR_DIR") or BASE_DIR / "var")
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+DEMO_PORT = os.environ.get("DEMO_PORT") or "8000"
+VAR_DIR = Path(
+    os.environ.get("DEMO_VAR_DIR")
+    or Path(os.environ.get("DEMO_VAR_ROOT") or BASE_DIR / "var") / DEMO_PORT
+)
 
 
 def _redis_server_url() -> str:
     url = os.environ.get("REDIS_URL", "").strip()
     if not url:
         url_file = VAR_DIR / "redis.url"
-        url = url_file.read_text().strip() if url_file.exists() else "redis://127.0.0.1:6379"
+        if not url_file.exists():
+            # Guessing 127.0.0.1:6379 would talk to some other Redis, or hang on none.
+            raise ImproperlyConfigured(
+                f"No demo is running with {VAR_DIR} (no redis.url there). Start one with "
+                f"`make demo PORT={DEMO_PORT}`, set DEMO_PORT to the port of the demo you "
+                "started, or set REDIS_URL=redis://host:port."
+            )
+        url = url_file.read_text().strip()
     # Keep scheme, credentials, host and port; the database number is chosen per use below.
     parts = urlsplit(url)
     return urlunsplit((parts.scheme, parts.netloc, "", parts.query, ""))
 
 
 REDIS_URL = _redis_server_url()
+VAR_DIR.mkdir(parents=True, exist_ok=True)  # only once a demo (or REDIS_URL) is known
 
 
 def _redis_db(db: int) -> str:
@@ -97,12 +114,19 @@ CACHES = {
         "LOCATION": _redis_db(0),
         "KEY_PREFIX": "demo",
         "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 2, "SOCKET_TIMEOUT": 5},
-    }
+    },
+    # Locks get an alias and a database of their own: `cache.clear()` on "default" runs FLUSHDB
+    # on its database, which would drop every held lock (and fencing counter) with the cache.
+    "locks": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": _redis_db(3),
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 2, "SOCKET_TIMEOUT": 5},
+    },
 }
 
-# Short leases so that a killed worker's lock visibly expires within seconds in the demo;
-# production code would keep the default 30 s.
-REDISLOCK = {"TIMEOUT": 10.0}
+# CACHE: the dedicated alias above. Short leases so that a killed worker's lock visibly expires
+# within seconds in the demo; production code would keep the default 30 s.
+REDISLOCK = {"CACHE": "locks", "TIMEOUT": 10.0}
 
 CELERY_BROKER_URL = _redis_db(1)
 CELERY_RESULT_BACKEND = _redis_db(2)
