@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+
 __all__ = [
     "FLUSH_INTERVAL",
     "STATS_TTL",
@@ -283,6 +285,10 @@ def flush() -> None:
     for alias, tallies in by_alias.items():
         try:
             _write(alias, tallies)
+        except ImproperlyConfigured:
+            # The alias is gone from the settings (reconfigured, or a test's temporary cache):
+            # there is nowhere to write these figures any more.
+            logger.debug("django_redislock: statistics of unknown cache %r dropped", alias)
         except Exception as exc:
             logger.warning(
                 "django_redislock: could not write lock statistics to cache %r (%s); "

@@ -17,8 +17,8 @@ def primary_and_replica(redis_factory, settings):
     primary.client().config_set("repl-diskless-sync-delay", 0)  # sync now, not in 5 s
     replica.client().replicaof("127.0.0.1", primary.port)
     wait_for(
-        lambda: primary.client().info("replication").get("slave0", {}).get("state") == "online",
-        what="the replica to be in sync",
+        lambda: primary.client().execute_command("WAIT", 1, 100) == 1,
+        what="the replica to be in sync and acknowledging",
     )
     settings.CACHES = {
         **settings.CACHES,
