@@ -20,9 +20,9 @@ def test_many_locks_share_one_thread_and_batch_their_renewals(redis_client, monk
     pipelines = []
     real_run_pipeline = scripts.run_pipeline
 
-    def counting_run_pipeline(client, script, calls):  # a spy: Redis still does the work
+    def counting_run_pipeline(client, script, calls, **kwargs):  # a spy: Redis does the work
         pipelines.append(len(calls))
-        return real_run_pipeline(client, script, calls)
+        return real_run_pipeline(client, script, calls, **kwargs)
 
     monkeypatch.setattr(scripts, "run_pipeline", counting_run_pipeline)
     locks = [Lock(f"many:{i}", timeout=0.9) for i in range(300)]
