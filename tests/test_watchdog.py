@@ -29,12 +29,14 @@ def test_many_locks_share_one_thread_and_batch_their_renewals(redis_client, monk
     for lock in locks:
         lock.acquire()
     redis_client.config_resetstat()
+    del pipelines[:]
     time.sleep(1.2)  # about four renewal intervals
     evalsha = redis_client.info("commandstats")["cmdstat_evalsha"]
     renewals = evalsha["calls"] - evalsha.get("failed_calls", 0)  # minus NOSCRIPT on first use
     assert len(watchdog_threads()) == 1
     assert renewals >= 300  # every lock was renewed at least once
-    assert sum(pipelines) == renewals
+    # What the spy saw is what Redis ran, give or take the pipeline in flight at either edge.
+    assert abs(sum(pipelines) - renewals) <= 300
     # One round trip (pipeline) per renewal interval per 100 locks at most.
     assert len(pipelines) <= renewals / 100
     assert all(lock.owned() and not lock.lost for lock in locks)
@@ -62,11 +64,13 @@ def test_watchdog_runs_in_a_forked_child():
             ok = lock.owned() and not lock.lost and len(watchdog_threads()) == 1
             lock.release()
             os.write(write, b"1" if ok else b"0")
+        except BaseException as exc:
+            os.write(write, f"error {exc!r}".encode()[:500])
         finally:
             os._exit(0)
     os.close(write)
     os.waitpid(pid, 0)
-    assert os.read(read, 1) == b"1"
+    assert os.read(read, 500) == b"1"
     os.close(read)
 
 
