@@ -144,3 +144,86 @@ def test_lock_lost_in_a_restart_is_reported(fault_server):
         assert lock.lost
     finally:
         lock_lost.disconnect(on_lost)
+
+
+@pytest.fixture
+def on(settings):
+    """Point the lock cache at a given server (``on(server)``)."""
+
+    def use(server) -> None:
+        settings.CACHES = fault_caches(server)
+        settings.REDISLOCK = {"CACHE": "fault"}
+
+    return use
+
+
+def test_tokens_stay_monotonic_across_a_restart_with_aof(aof_redis, on):
+    on(aof_redis)
+    lock = Lock("durable", timeout=5, auto_renew=False)
+    tokens = []
+    for _ in range(3):
+        lock.acquire()
+        tokens.append(lock.fencing_token)
+        lock.release()
+    aof_redis.restart()  # a crash: appendfsync always kept every acknowledged write
+    wait_for_redis(lock)
+    for _ in range(3):
+        lock.acquire()
+        tokens.append(lock.fencing_token)
+        lock.release()
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+
+
+def test_a_held_lock_survives_a_restart_with_aof(aof_redis, on):
+    on(aof_redis)
+    lock = Lock("durable-held", timeout=6)
+    lock.acquire()
+    aof_redis.restart()
+    wait_for_redis(lock)
+    time.sleep(2.5)  # a renewal after the restart
+    assert lock.owned() and not lock.lost
+    lock.release()
+
+
+def test_a_restart_without_persistence_is_reported_at_the_next_renewal(volatile_redis, on):
+    on(volatile_redis)
+    lock = Lock("volatile", timeout=1.5)
+    lock.acquire()
+    volatile_redis.restart()  # empty
+    started = time.monotonic()
+    while not lock.lost:
+        assert time.monotonic() - started < 1.5 / 3 + 2.0  # one renewal interval (+ retry)
+        time.sleep(0.05)
+
+
+def test_client_pause_longer_than_the_lease(fault_server):
+    """CLIENT PAUSE freezes every client (the holder's renewals too) past the lease.
+
+    Renewals block for the pause (bounded by the socket timeout, then retried); once the lease
+    ran out on the server, the holder learns it is lost and another owner can take the lock.
+    """
+    lock = Lock("paused", timeout=1.0)
+    lock.acquire()
+    admin = fault_server.client()
+    admin.execute_command("CLIENT", "PAUSE", 2500, "ALL")
+    time.sleep(2.7)
+    wait_for_redis(lock)
+    started = time.monotonic()
+    while not lock.lost:
+        assert time.monotonic() - started < 3.0
+        time.sleep(0.05)
+    other = Lock("paused", owner="other")
+    assert other.acquire(blocking=False)
+    other.release()
+
+
+def wait_for_redis(lock: Lock, timeout: float = 5.0) -> None:
+    """Until the server answers again (the pool may need a reconnect attempt first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            lock.locked()
+            return
+        except LockBackendError:
+            assert time.monotonic() < deadline, "Redis did not come back"
+            time.sleep(0.1)
