@@ -86,12 +86,16 @@ def read_semaphores(
     Permits whose lease ended (not yet purged) are left out."""
     if not keys:
         return []
+    cluster = is_cluster(client)
     pipe = client.pipeline(transaction=False)
-    pipe.time()
+    if not cluster:
+        pipe.time()  # the server's clock: permits expire by it
     for sem_key, rec_key in keys:
         pipe.zrange(sem_key, 0, -1, withscores=True)
         pipe.hgetall(rec_key)
     values = pipe.execute(raise_on_error=False)
+    if cluster:  # cluster pipelines refuse keyless commands: ask one node for the time
+        values.insert(0, client.time())
     seconds, micros = values[0]
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     found = []

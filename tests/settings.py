@@ -112,6 +112,9 @@ CACHES = {
 }
 
 REDISLOCK: dict[str, object] = {}
+if os.environ.get("REDISLOCK_TEST_CLUSTER_NODES"):
+    # A child process of a cluster test (a Celery worker): locks on the test's Redis Cluster.
+    REDISLOCK = {"CLIENT": "tests.topology_clients.client"}
 
 CELERY_BROKER_URL = f"{REDIS_URL}/1"
 CELERY_RESULT_BACKEND = f"{REDIS_URL}/2"

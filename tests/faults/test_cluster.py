@@ -206,3 +206,42 @@ def test_moved_and_ask_during_a_reshard_leak_no_error_and_duplicate_no_lock(on_f
     holder.release()
     assert intruder.acquire(blocking=False)
     intruder.release()
+
+
+def test_single_flight_task_with_the_lock_on_the_cluster_and_the_broker_elsewhere(
+    shared_redis_cluster, settings, monkeypatch, tmp_path
+):
+    """A real prefork worker whose locks live on the cluster; its broker is the suite's Redis."""
+    from celery import uuid as celery_uuid
+
+    from django_redislock import get_lock_info
+    from tests.celery_workers import WorkerProcess
+    from tests.testapp import tasks
+    from tests.testapp.celery_app import app
+
+    ports = ",".join(str(port) for _, port in shared_redis_cluster.startup_nodes)
+    monkeypatch.setenv("REDISLOCK_TEST_CLUSTER_NODES", ports)
+    topology_clients.current = shared_redis_cluster.client()
+    settings.REDISLOCK = {"CLIENT": "tests.topology_clients.client"}
+    app.finalize()
+    WorkerProcess.log_dir = tmp_path
+    worker = WorkerProcess("cluster", pool="prefork", concurrency=2).start()
+    try:
+        name = f"on-cluster-{celery_uuid()[:8]}"
+        first = tasks.work.apply_async((name, 1.5), queue="cluster")
+        second = tasks.work.apply_async((name, 1.5), queue="cluster")
+        assert second.id == first.id  # deduplicated at publish, by the lock on the cluster
+        info = wait_for(
+            lambda: (i := get_lock_info(f"work:{name}")) is not None and not i.queued and i,
+            20,
+            what="the worker to run the task",
+        )
+        assert info.task_id == first.id and info.pid != __import__("os").getpid()
+        assert first.get(timeout=20) == f"done {name}"
+        wait_for(lambda: get_lock_info(f"work:{name}") is None, 10, what="the release")
+        assert [e["key"] for e in tasks.events("start") if e["key"] == f"work:{name}"] == [
+            f"work:{name}"
+        ]
+    finally:
+        worker.stop()
+        topology_clients.current = None
