@@ -26,9 +26,18 @@ pytest_plugins = ["tests.topology_fixtures"]
 # may also mark tests themselves (`pytestmark = pytest.mark.slow`).
 SLOW_FIXTURES = frozenset(
     {
-        "holders", "redis_factory", "worker", "live_server", "browser_page", "running_guarded",
-        "proxied_redis", "redis_processes", "redis_cluster", "shared_redis_cluster",
-        "redis_sentinel", "processes",
+        "holders",
+        "redis_factory",
+        "worker",
+        "live_server",
+        "browser_page",
+        "running_guarded",
+        "proxied_redis",
+        "redis_processes",
+        "redis_cluster",
+        "shared_redis_cluster",
+        "redis_sentinel",
+        "processes",
     }
 )
 
