@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from types import TracebackType
 from typing import Any
 
 from django_redislock import connection, engine, holds
@@ -94,14 +93,9 @@ class AsyncLock(engine.LockBase):
             raise self._not_acquired()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._release_on_exit(exc):
+    async def __aexit__(self, *exc_info: Any) -> None:
+        if self._release_on_exit(exc_info[1]):
             try:
                 await self.release()
             except (LockNotOwnedError, LockBackendError) as err:
-                self._release_failed_on_exit(exc, err)
+                self._release_failed_on_exit(exc_info[1], err)

@@ -309,8 +309,22 @@ def make_async_client(client: Any) -> Any:
         connection_class = aconnection.UnixDomainSocketConnection
     else:
         connection_class = aconnection.Connection
-    async_pool = aredis.ConnectionPool(
-        connection_class=connection_class, max_connections=max_connections, **kwargs
+    # redis-py 8's asyncio pool skips its check of a pooled connection's health (a connection the
+    # server closed, e.g. CLIENT KILL, is handed out as is) while maintenance notifications are
+    # "auto"; our twin turns them off (they are for Redis Enterprise / Cloud endpoint moves).
+    try:
+        from redis.maint_notifications import MaintNotificationsConfig
+    except ImportError:  # redis-py < 7: no such feature, the check always runs
+        pass
+    else:
+        kwargs["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+    # Blocking: thousands of tasks may share the loop's connections; a task waits (awaits) for a
+    # free one, up to the socket timeout, instead of failing with "Too many connections".
+    async_pool = aredis.BlockingConnectionPool(
+        connection_class=connection_class,
+        max_connections=max_connections or 100,
+        timeout=kwargs.get("socket_timeout") or 20,
+        **kwargs,
     )
     return aredis.Redis(connection_pool=async_pool)
 

@@ -6,10 +6,11 @@ typo or a hostile value fails at import time, not at the first call in productio
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, Protocol, TypeVar, cast
 
 from django_redislock.aio import AsyncLock
@@ -64,12 +65,17 @@ def _skipped(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> None:
         adapter.skipped(args, kwargs, name)
 
 
-def _failed(args: tuple[Any, ...], exc: LockError) -> BaseException:
-    for adapter in _adapters:
-        error = adapter.failed(args, exc)
-        if error is not None:
-            return error
-    return exc
+@contextlib.contextmanager
+def _adapted_errors(args: tuple[Any, ...]) -> Iterator[None]:
+    """A :class:`LockError` of a decorated call, as the adapters want it shown."""
+    try:
+        yield
+    except LockError as exc:
+        for adapter in _adapters:
+            error = adapter.failed(args, exc)
+            if error is not None and error is not exc:
+                raise error from exc
+        raise
 
 
 def _busy_handler(on_busy: OnBusy) -> Callable[..., Any] | None:
@@ -168,17 +174,12 @@ def distributed_lock(
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 lock = async_kind(name_of(*args, **kwargs), stats_name=stats_name, **options)
-                try:
+                with _adapted_errors(args):
                     if not await lock.acquire():
                         result = busy(args, kwargs, lock.name)
                         return await result if inspect.isawaitable(result) else result
                     async with _Held(lock):
                         return await func(*args, **kwargs)
-                except LockError as exc:
-                    error = _failed(args, exc)
-                    if error is exc:
-                        raise
-                    raise error from exc
 
             async_wrapper.lock_name = name_of  # type: ignore[attr-defined]
             return cast(F, async_wrapper)
@@ -186,16 +187,11 @@ def distributed_lock(
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             lock = sync_kind(name_of(*args, **kwargs), stats_name=stats_name, **options)
-            try:
+            with _adapted_errors(args):
                 if not lock.acquire():
                     return busy(args, kwargs, lock.name)
                 with _Held(lock):
                     return func(*args, **kwargs)
-            except LockError as exc:
-                error = _failed(args, exc)
-                if error is exc:
-                    raise
-                raise error from exc
 
         wrapper.lock_name = name_of  # type: ignore[attr-defined]
         return cast(F, wrapper)

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -248,19 +248,10 @@ class Call(Op):
         return self._checked(reply, acked)
 
     async def async_(self, face: LockBase) -> Any:
-        client = await face._aclient()
+        if self.replicas:  # WAIT blocks: in a thread, through the sync client's connection
+            return await asyncio.to_thread(self.sync, face)
         with connection.backend_errors(self.action):
-            if not self.replicas:
-                return await self.script.acall(client, self.keys, self.args)
-            reply, acked = await scripts.acall_and_wait(
-                self.script,
-                client,
-                self.keys,
-                self.args,
-                self.replicas,
-                self.replicas_timeout_ms,
-            )
-        return self._checked(reply, acked)
+            return await self.script.acall(await face._aclient(), self.keys, self.args)
 
 
 @dataclass
@@ -303,33 +294,20 @@ class Subscribe(Op):
 
 
 @dataclass
-class Exists(Op):
-    """``EXISTS`` of one key (is the lock held by anyone)."""
+class Read(Op):
+    """A read of one lock key through :mod:`django_redislock.client` (sync and async reader)."""
 
     key: str
-
-    def sync(self, face: LockBase) -> bool:
-        with connection.backend_errors(f"inspect lock {face.name!r}"):
-            return redis_client.lock_exists(face._target().client, self.key)
-
-    async def async_(self, face: LockBase) -> bool:
-        with connection.backend_errors(f"inspect lock {face.name!r}"):
-            return await redis_client.alock_exists(await face._aclient(), self.key)
-
-
-@dataclass
-class ReadRecord(Op):
-    """The record stored under a lock key (``None`` when free)."""
-
-    key: str
+    read: Callable[[Any, str], Any]
+    aread: Callable[[Any, str], Awaitable[Any]]
 
     def sync(self, face: LockBase) -> Any:
         with connection.backend_errors(f"inspect lock {face.name!r}"):
-            return redis_client.read_lock(face._target().client, self.key)
+            return self.read(face._target().client, self.key)
 
     async def async_(self, face: LockBase) -> Any:
         with connection.backend_errors(f"inspect lock {face.name!r}"):
-            return await redis_client.aread_lock(await face._aclient(), self.key)
+            return await self.aread(await face._aclient(), self.key)
 
 
 Flow = Generator[Op, Any, Any]
@@ -422,6 +400,11 @@ class _Spec:
     lease_ms: int
     claim_ms: int
     ident: tuple[str, str]  # (alias, lock key); + owner = the hold table key
+
+    @property
+    def wake_args(self) -> list[Any]:
+        """The ARGV every script that may hand off ends with: channel prefix, trust, claim ms."""
+        return [self.target.channel_prefix, self.target.trust_publish, self.claim_ms]
 
 
 class LockBase:
@@ -539,10 +522,10 @@ class LockBase:
         return holds.get((*spec.ident, self.owner))
 
     def _locked_op(self) -> Op:
-        return Exists(self._spec().lock_key)
+        return Read(self._spec().lock_key, redis_client.lock_exists, redis_client.alock_exists)
 
     def _owned_op(self) -> Op:
-        return ReadRecord(self._spec().lock_key)
+        return Read(self._spec().lock_key, redis_client.read_lock, redis_client.aread_lock)
 
     def _locked_from(self, reply: Any) -> bool:
         return bool(reply)
@@ -586,9 +569,7 @@ class LockBase:
                 entry_ms,
                 entry,
                 "0" if self.reentrant else "1",
-                spec.target.channel_prefix,
-                spec.target.trust_publish,
-                spec.claim_ms,
+                *spec.wake_args,
             ],
             f"acquire lock {self.name!r}",
         )
@@ -603,9 +584,7 @@ class LockBase:
                 owner,
                 spec.lease_ms,
                 "1" if take else "0",
-                spec.target.channel_prefix,
-                spec.target.trust_publish,
-                spec.claim_ms,
+                *spec.wake_args,
             ],
             f"stop waiting for lock {self.name!r}",
         )
@@ -810,13 +789,7 @@ class LockBase:
         call = Call(
             scripts.RELEASE,
             spec.script_keys,
-            [
-                owner,
-                "1" if all_holds else "0",
-                spec.target.channel_prefix,
-                spec.target.trust_publish,
-                spec.claim_ms,
-            ],
+            [owner, "1" if all_holds else "0", *spec.wake_args],
             f"release lock {self.name!r}",
         )
         return call, hold

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
 from django_redislock import engine
@@ -134,17 +133,12 @@ class Lock(engine.LockBase):
             raise self._not_acquired()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._release_on_exit(exc):
+    def __exit__(self, *exc_info: Any) -> None:
+        if self._release_on_exit(exc_info[1]):
             try:
                 self.release()
             except (LockNotOwnedError, LockBackendError) as err:
-                self._release_failed_on_exit(exc, err)
+                self._release_failed_on_exit(exc_info[1], err)
 
 
 class _AtTransactionEnd:

@@ -35,7 +35,6 @@ __all__ = [
     "SEM_RELEASE",
     "SEM_RENEW",
     "Script",
-    "acall_and_wait",
     "call_and_wait",
     "node_client",
     "run_pipeline",
@@ -189,25 +188,6 @@ def call_and_wait(
         node.script_load(script.source)
         pipe = _waiting_pipeline(node, script, keys, args, replicas, timeout_ms)
         values = pipe.execute(raise_on_error=False)
-    return _waited(script, values)
-
-
-async def acall_and_wait(
-    script: Script,
-    client: Any,
-    keys: Sequence[str],
-    args: Sequence[Any],
-    replicas: int,
-    timeout_ms: int,
-) -> tuple[Any, int]:
-    """:func:`call_and_wait` for a ``redis.asyncio`` client."""
-    node = node_client(client, keys[0])
-    pipe = _waiting_pipeline(node, script, keys, args, replicas, timeout_ms)
-    values = await pipe.execute(raise_on_error=False)
-    if isinstance(values[0], NoScriptError):
-        await node.script_load(script.source)
-        pipe = _waiting_pipeline(node, script, keys, args, replicas, timeout_ms)
-        values = await pipe.execute(raise_on_error=False)
     return _waited(script, values)
 
 

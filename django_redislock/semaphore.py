@@ -121,15 +121,12 @@ class SemaphoreMixin(LockBase):
                 entry_ms,
                 entry,
                 self.permits,
-                target.channel_prefix,
-                target.trust_publish,
-                spec.claim_ms,
+                *spec.wake_args,
             ],
             f"acquire semaphore {self.name!r}",
         )
 
     def _cancel_call(self, spec: _Spec, owner: str, waiter: str, entry: str, take: bool) -> Call:
-        target = spec.target
         meta = holds.metadata(self._task_id, queued=self._queued)
         return Call(
             scripts.SEM_CANCEL,
@@ -140,9 +137,7 @@ class SemaphoreMixin(LockBase):
                 owner,
                 spec.lease_ms,
                 "1" if take else "0",
-                target.channel_prefix,
-                target.trust_publish,
-                spec.claim_ms,
+                *spec.wake_args,
                 meta,
             ],
             f"stop waiting for semaphore {self.name!r}",
@@ -185,11 +180,10 @@ class SemaphoreMixin(LockBase):
         token = hold.token if hold is not None else (self._tokens.get(owner) or [0])[-1]
         if hold is not None:
             watchdog.unregister(hold)
-        target = spec.target
         call = Call(
             scripts.SEM_RELEASE,
             spec.script_keys,
-            [owner, token, target.channel_prefix, target.trust_publish, spec.claim_ms],
+            [owner, token, *spec.wake_args],
             f"release semaphore {self.name!r}",
         )
         return call, hold

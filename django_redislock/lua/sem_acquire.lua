@@ -23,28 +23,26 @@ local now = server_ms()
 sem_purge(KEYS[1], KEYS[2], now)
 redis.call('HSET', KEYS[2], 'permits', permits)
 
-if waiter ~= '' then
+-- The permit reserved for this waiter by a hand-off, claimed (nil when there is none).
+local function claimed()
+  if waiter == '' then return nil end
   local token = sem_claim(KEYS[1], KEYS[2], waiter, owner, lease, meta, now)
-  if token then
-    sem_touch(KEYS[1], KEYS[2])
-    return {1, token, 1}
-  end
+  if token then sem_touch(KEYS[1], KEYS[2]) end
+  return token
 end
+
+local token = claimed()
+if token then return {1, token, 1} end
 
 if redis.call('ZCARD', KEYS[1]) < permits and redis.call('LLEN', KEYS[4]) > 0 then
   -- Free permits and waiters queued: the oldest live waiters come first. That may be us.
   sem_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[8], ARGV[9], ARGV[10], now)
-  if waiter ~= '' then
-    local token = sem_claim(KEYS[1], KEYS[2], waiter, owner, lease, meta, now)
-    if token then
-      sem_touch(KEYS[1], KEYS[2])
-      return {1, token, 1}
-    end
-  end
+  token = claimed()
+  if token then return {1, token, 1} end
 end
 
 if redis.call('ZCARD', KEYS[1]) < permits then
-  local token = sem_take(KEYS[1], KEYS[2], KEYS[3], owner, lease, meta, nil, now)
+  token = sem_take(KEYS[1], KEYS[2], KEYS[3], owner, lease, meta, nil, now)
   if prev ~= '' then redis.call('LREM', KEYS[4], 1, prev) end
   sem_touch(KEYS[1], KEYS[2])
   return {1, token, 1}
