@@ -555,23 +555,22 @@ class LockBase:
             limit = get_settings().blocking_timeout
         return limit
 
+    #: The acquire script of this kind, and what its 7th argument is (``_limit_arg``).
+    _acquire_script: ClassVar[scripts.Script] = scripts.ACQUIRE
+
+    def _limit_arg(self) -> Any:
+        """Locks: "1" refuses re-entry (``reentrant=False``); semaphores pass their permits."""
+        return "0" if self.reentrant else "1"
+
     def _acquire_call(
         self, spec: _Spec, owner: str, meta: str, waiter: str, entry: str, entry_ms: int
     ) -> Call:
+        args = [owner, spec.lease_ms, meta, waiter, entry_ms, entry, self._limit_arg()]
         return Call(
-            scripts.ACQUIRE,
+            self._acquire_script,
             spec.script_keys,
-            [
-                owner,
-                spec.lease_ms,
-                meta,
-                waiter,
-                entry_ms,
-                entry,
-                "0" if self.reentrant else "1",
-                *spec.wake_args,
-            ],
-            f"acquire lock {self.name!r}",
+            [*args, *spec.wake_args],
+            f"acquire {self.kind} {self.name!r}",
         )
 
     def _cancel_call(self, spec: _Spec, owner: str, waiter: str, entry: str, take: bool) -> Call:
@@ -794,14 +793,19 @@ class LockBase:
         )
         return call, hold
 
+    def _not_owned(self, hold: Hold | None, message: str) -> LockNotOwnedError:
+        """The hold (if this process knew one) is lost: record it, and say so."""
+        if hold is not None:
+            holds.mark_lost(hold)
+            self._last[hold.owner] = hold
+        return LockNotOwnedError(message)
+
     def _released(self, hold: Hold | None, left: int, owner: str) -> None:
         if left < 0:
-            if hold is not None:
-                holds.mark_lost(hold)
-                self._last[hold.owner] = hold
-            raise LockNotOwnedError(
-                f"Cannot release lock {self.name!r}: it is not held by this owner "
-                f"({owner}). It expired, was force-released, or was never acquired here."
+            raise self._not_owned(
+                hold,
+                f"Cannot release lock {self.name!r}: it is not held by this owner ({owner}). "
+                "It expired, was force-released, or was never acquired here.",
             )
         if hold is None:
             return
@@ -822,13 +826,10 @@ class LockBase:
 
     def _renewed(self, ok: int) -> None:
         if not ok:
-            hold = self._hold()
-            if hold is not None:
-                holds.mark_lost(hold)
-                self._last[hold.owner] = hold
-            raise LockNotOwnedError(
+            raise self._not_owned(
+                self._hold(),
                 f"Cannot renew lock {self.name!r}: it is no longer held by this owner "
-                f"({self.owner})."
+                f"({self.owner}).",
             )
 
     def _extend_ms(self, additional_time: float) -> int:

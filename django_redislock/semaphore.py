@@ -101,30 +101,20 @@ class SemaphoreMixin(LockBase):
     ) -> tuple[scripts.Script, list[str], list[Any]]:
         return scripts.SEM_RENEW, spec.script_keys[:2], [owner, token or 0, ms, mode]
 
+    _acquire_script = scripts.SEM_ACQUIRE
+
+    def _limit_arg(self) -> Any:
+        return self.permits
+
     def _acquire_call(
         self, spec: _Spec, owner: str, meta: str, waiter: str, entry: str, entry_ms: int
     ) -> Call:
-        target = spec.target
-        if target.masters:
+        if spec.target.masters:
             raise ImproperlyConfigured(
                 "Semaphores need one Redis (single, Sentinel or Cluster): REDISLOCK['CACHE'] "
                 "lists independent masters (Redlock). Pass using=<one alias>."
             )
-        return Call(
-            scripts.SEM_ACQUIRE,
-            spec.script_keys,
-            [
-                owner,
-                spec.lease_ms,
-                meta,
-                waiter,
-                entry_ms,
-                entry,
-                self.permits,
-                *spec.wake_args,
-            ],
-            f"acquire semaphore {self.name!r}",
-        )
+        return super()._acquire_call(spec, owner, meta, waiter, entry, entry_ms)
 
     def _cancel_call(self, spec: _Spec, owner: str, waiter: str, entry: str, take: bool) -> Call:
         meta = holds.metadata(self._task_id, queued=self._queued)
