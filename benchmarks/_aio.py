@@ -23,7 +23,7 @@ from typing import Any
 
 from benchmarks import _common as c
 from benchmarks import _contended
-from benchmarks._common import X
+from benchmarks._common import DASH, X
 
 OURS_ASYNC = "django-redislock AsyncLock"
 RP_ASYNC = "redis-py asyncio Lock"
@@ -271,8 +271,10 @@ def run_contended(
 # -- event-loop lag -------------------------------------------------------------------------------
 
 
-def loop_lag(locks: int, lease: float, window: float, baseline: float) -> dict[str, Any]:
-    return asyncio.run(_loop_lag(locks, lease, window, baseline))
+def loop_lag(
+    locks: int, lease: float, window: float, baseline: float, parts: int = 3
+) -> dict[str, Any]:
+    return asyncio.run(_loop_lag(locks, lease, window, baseline, parts))
 
 
 async def _probe(seconds: float, period: float = 0.01) -> list[float]:
@@ -287,21 +289,27 @@ async def _probe(seconds: float, period: float = 0.01) -> list[float]:
     return lags
 
 
-def _lag_stats(lags: list[float]) -> dict[str, float]:
-    return {
-        "p50_ms": c.percentile(lags, 0.5) * 1e3,
-        "p99_ms": c.percentile(lags, 0.99) * 1e3,
-        "max_ms": max(lags, default=float("nan")) * 1e3,
-        "samples": float(len(lags)),
-    }
+def _lag_stats(parts: list[list[float]]) -> dict[str, dict[str, float]]:
+    """p50/p99/max lag (ms) as a spread over equal parts of the probed window."""
+    per_part = [
+        {
+            "p50_ms": c.percentile(lags, 0.5) * 1e3,
+            "p99_ms": c.percentile(lags, 0.99) * 1e3,
+            "max_ms": max(lags, default=float("nan")) * 1e3,
+        }
+        for lags in parts
+    ]
+    return {k: v.as_dict() for k, v in c.spreads(per_part).items()}
 
 
-async def _loop_lag(locks: int, timeout: float, window: float, baseline: float) -> dict[str, Any]:
+async def _loop_lag(
+    locks: int, timeout: float, window: float, baseline: float, parts: int
+) -> dict[str, Any]:
     from django_redislock import AsyncLock, stats
 
     sync = c.client()
     probe = c.ServerProbe(c.WORKER["server_pid"], sync)
-    idle = await _probe(baseline)
+    idle = [await _probe(baseline / parts) for _ in range(parts)]
     held = [AsyncLock(f"bench:lag:{i}", timeout=timeout) for i in range(locks)]
     began = time.perf_counter()
     for lock in held:
@@ -311,7 +319,7 @@ async def _loop_lag(locks: int, timeout: float, window: float, baseline: float) 
     stats.flush()
     with probe.measure() as srv, c.COUNTER.counting():
         cpu = time.process_time()
-        lags = await _probe(window)
+        lags = [await _probe(window / parts) for _ in range(parts)]
         cpu = time.process_time() - cpu
     renew_trips = c.COUNTER.by_thread.get("django-redislock-watchdog", 0)
     lost = sum(1 for lock in held if lock.lost)
@@ -323,6 +331,7 @@ async def _loop_lag(locks: int, timeout: float, window: float, baseline: float) 
         "timeout_s": timeout,
         "window_s": window,
         "baseline_s": baseline,
+        "parts": parts,
         "idle": _lag_stats(idle),
         "held": _lag_stats(lags),
         "acquire_s": acquire_s,
@@ -333,6 +342,10 @@ async def _loop_lag(locks: int, timeout: float, window: float, baseline: float) 
         "cpu_pct": cpu / window * 100,
         "lost": lost,
     }
+
+
+def _spreads(data: dict[str, dict[str, float]]) -> dict[str, c.Spread]:
+    return {k: c.Spread.from_dict(v) for k, v in data.items()}
 
 
 # -- report ---------------------------------------------------------------------------------------
@@ -385,6 +398,7 @@ def tables(
                     s["round_trips_per_acq"].fmt(2),
                     s["all_cmds_per_acq"].fmt(1),
                     s["redis_cpu_us"].fmt(0),
+                    s["client_cpu_us"].fmt(0),
                     s["jain"].fmt(3),
                     f"{s['stalls'].fmt(0)} / {s['failures'].fmt(0)} / {s['max_wait_ms'].fmt(0)}",
                     s["overlaps"].fmt(0),
@@ -400,6 +414,7 @@ def tables(
                 "cmds sent/acq",
                 "cmds incl. Lua/acq",
                 "Redis CPU µs/acq",
+                "client CPU µs/acq",
                 "Jain (tasks)",
                 "stalls > 1 s / timeouts / longest wait ms",
                 "overlaps",
@@ -407,21 +422,22 @@ def tables(
             rows,
         )
     if lag:
+        idle, held = _spreads(lag["idle"]), _spreads(lag["held"])
         rows = [
             [
                 f"nothing held ({lag['baseline_s']:g} s)",
-                c.fmt_num(lag["idle"]["p50_ms"], 2),
-                c.fmt_num(lag["idle"]["p99_ms"], 2),
-                c.fmt_num(lag["idle"]["max_ms"], 1),
+                idle["p50_ms"].fmt(2),
+                idle["p99_ms"].fmt(2),
+                idle["max_ms"].fmt(1),
                 "-",
                 "-",
             ],
             [
                 f"{lag['locks']:,} AsyncLocks held, timeout {lag['timeout_s']:g} s "
                 f"({lag['window_s']:g} s)",
-                c.fmt_num(lag["held"]["p50_ms"], 2),
-                c.fmt_num(lag["held"]["p99_ms"], 2),
-                c.fmt_num(lag["held"]["max_ms"], 1),
+                held["p50_ms"].fmt(2),
+                held["p99_ms"].fmt(2),
+                held["max_ms"].fmt(1),
                 f"{lag['renewal_round_trips_per_interval']:.2f}",
                 str(lag["lost"]),
             ],
@@ -456,7 +472,9 @@ def notes(
         )
     if lag:
         lines.append(
-            f"7c: process CPU while holding: {lag['cpu_pct']:.2f} % of one core; taking the "
+            f"7c: lag figures: median of {lag['parts']} equal parts of each window "
+            f"(min{DASH}max of the parts). Process CPU while holding: "
+            f"{lag['cpu_pct']:.2f} % of one core; taking the "
             f"locks took {lag['acquire_s']:.1f} s; renewals per lock per interval "
             f"{lag['renewals_per_lock_per_interval']:.2f}."
         )

@@ -384,6 +384,11 @@ class Spread:
     def as_dict(self) -> dict[str, float]:
         return {"median": self.mid, "min": self.lo, "max": self.hi, "runs": self.runs}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, float]) -> Spread:
+        """Inverse of :meth:`as_dict` (results cross process boundaries as plain dicts)."""
+        return cls(data["median"], data["min"], data["max"], int(data["runs"]))
+
 
 def fmt_num(value: float, digits: int = 0) -> str:
     return "n/a" if math.isnan(value) else f"{value:.{digits}f}"

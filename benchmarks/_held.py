@@ -50,19 +50,27 @@ def take(count: int, lease: float) -> dict[str, Any]:
     }
 
 
-def observe(window: float) -> dict[str, Any]:
-    """Sleep through the window; report this process's CPU and the watchdog's round trips."""
+def observe(window: float, parts: int) -> dict[str, Any]:
+    """Sleep through the window; report this process's CPU (per part, for the spread) and the
+    watchdog's round trips."""
     import threading
 
     locks = _HELD["locks"]
+    part_pct: list[float] = []
     with c.COUNTER.counting():
         cpu, began = time.process_time(), time.perf_counter()
-        time.sleep(window)
+        for _ in range(parts):
+            part_cpu, part_began = time.process_time(), time.perf_counter()
+            time.sleep(window / parts)
+            part_pct.append(
+                (time.process_time() - part_cpu) / (time.perf_counter() - part_began) * 100
+            )
         cpu, elapsed = time.process_time() - cpu, time.perf_counter() - began
     sizes = [size for thread, size in c.COUNTER.pipeline_sizes if thread == WATCHDOG_THREAD]
     return {
         "cpu_s": cpu,
         "elapsed_s": elapsed,
+        "part_cpu_pct": part_pct,
         "watchdog_round_trips": c.COUNTER.by_thread.get(WATCHDOG_THREAD, 0),
         "other_round_trips": c.COUNTER.round_trips - c.COUNTER.by_thread.get(WATCHDOG_THREAD, 0),
         "pipeline_sizes": sizes,
@@ -86,7 +94,12 @@ def release_all() -> dict[str, Any]:
 
 
 def run_watchdog(
-    pool: c.WorkerPool, probe: c.ServerProbe, count: int, timeout: float, window: float
+    pool: c.WorkerPool,
+    probe: c.ServerProbe,
+    count: int,
+    timeout: float,
+    window: float,
+    parts: int = 3,
 ) -> dict[str, Any]:
     worker = pool.fresh()
     try:
@@ -98,7 +111,7 @@ def run_watchdog(
         pid = pool.pid(worker)
         with probe.measure() as srv:
             cpu_outside = c.process_cpu_s(pid)
-            pool.start(worker, "benchmarks._held:observe", window=window)
+            pool.start(worker, "benchmarks._held:observe", window=window, parts=parts)
             end = time.perf_counter() + window
             while time.perf_counter() < end - 0.5:
                 time.sleep(min(1.0, max(0.0, end - 0.5 - time.perf_counter())))
@@ -119,6 +132,8 @@ def run_watchdog(
         "window_s": seen["elapsed_s"],
         "idle_cpu_pct": idle,
         "cpu_pct": seen["cpu_s"] / seen["elapsed_s"] * 100,
+        "cpu_pct_parts": c.Spread.of(seen["part_cpu_pct"]).as_dict(),
+        "parts": parts,
         "cpu_pct_proc": cpu_outside / seen["elapsed_s"] * 100,
         "cpu_source": probe.cpu_source,
         "watchdog_threads": seen["watchdog_threads"],
@@ -143,7 +158,8 @@ def watchdog_tables(res: dict[str, Any]) -> dict[str, tuple[list[str], list[list
         [
             f"{res['locks']:,} locks, timeout {res['timeout_s']:g} s "
             f"(renewed every {res['timeout_s'] / 3:g} s), {res['window_s']:.0f} s observed",
-            f"{res['cpu_pct']:.2f} % (idle process: {res['idle_cpu_pct']:.2f} %)",
+            f"{c.Spread.from_dict(res['cpu_pct_parts']).fmt(2, ' %')}; idle process "
+            f"{res['idle_cpu_pct']:.2f} %",
             f"{res['round_trips_per_interval']:.2f}",
             f"{min(sizes, default=0)}{DASH}{max(sizes, default=0)}",
             f"{res['renewals_per_lock_per_interval']:.2f}",
@@ -167,7 +183,9 @@ def watchdog_tables(res: dict[str, Any]) -> dict[str, tuple[list[str], list[list
 
 def watchdog_notes(res: dict[str, Any]) -> list[str]:
     return [
-        f"holder CPU: time.process_time of the holding process (all threads) over the window; "
+        f"holder CPU: time.process_time of the holding process (all threads), median of "
+        f"{res['parts']} equal parts of the window (min{DASH}max of the parts); over the whole "
+        f"window {res['cpu_pct']:.2f} %, "
         f"cross-check from outside: {res['cpu_pct_proc']:.2f} % ({res['cpu_source']}). "
         f"Threads in the holder: {', '.join(res['threads'])}.",
         f"taking the {res['locks']:,} locks took {res['acquire_s']:.1f} s "
@@ -295,6 +313,7 @@ def memory_tables(res: dict[str, Any]) -> dict[str, tuple[list[str], list[list[s
 
 def memory_notes(res: dict[str, Any]) -> list[str]:
     return [
+        f"One measurement (memory figures repeat to within a few bytes); "
         f"{res['count']:,} distinct names per peer; bytes per held lock = INFO memory "
         "used_memory delta / locks (statistics flushed, so their keys count); left = after "
         f"every lock was released and {res['settle_s']:g} s passed (ours: statistics flushed "
