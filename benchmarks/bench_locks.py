@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/bench_locks.py                 # full run, ~10 min on 2 cores
+    .venv/bin/python benchmarks/bench_locks.py                 # full run, ~7 min on 2 cores
     .venv/bin/python benchmarks/bench_locks.py --quick         # CI smoke run of every part
     .venv/bin/python benchmarks/bench_locks.py contended asyncio --json out.json --markdown out.md
 
