@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -593,10 +593,11 @@ class WorkerPool:
             ready = wait(list(waiting), max(0.0, deadline - time.monotonic()))
             if not ready:
                 raise WorkerError(f"workers {sorted(waiting.values())} gave no answer in time")
-            for pipe in ready:
-                index = waiting.pop(pipe)  # type: ignore[call-overload]
+            for ready_one in ready:
+                pipe = cast(Connection, ready_one)
+                index = waiting.pop(pipe)
                 try:
-                    status, value = pipe.recv()  # type: ignore[union-attr]
+                    status, value = pipe.recv()
                 except EOFError as exc:
                     raise WorkerError(f"benchmark worker {index} died") from exc
                 if status != "ok":
