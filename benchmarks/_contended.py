@@ -1,0 +1,446 @@
+"""Sections 2 and 3: N processes on one key, and many processes x threads on 1,000 keys.
+
+Each block starts every worker at the same instant (``perf_counter`` = ``CLOCK_MONOTONIC``,
+shared by all processes on Linux) and stops them at the same instant; blocks of the peers are
+interleaved round by round. The first ``warm`` seconds of a block are not counted (connections,
+subscriptions, scripts), but everything that happens afterwards is, stalls included.
+
+Every wait is bounded (``acquire_within``: the end of the block plus a grace period), so a lost
+hand-off cannot hang the run: it shows up as a *stall* (an acquisition that waited more than
+:data:`STALL_S`) and in the throughput.
+
+Hand-off: two consecutive holds (merged log of all processes, ordered by acquisition time) by
+different processes, where the second process was already waiting when the first called
+``release()``; its latency is that ``release()`` call to the next holder's ``acquire()`` return.
+An *overlap* (the next holder's ``acquire()`` returned before the previous holder called
+``release()``) would be a mutual-exclusion failure and must stay 0.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from benchmarks import _common as c
+from benchmarks._common import DASH, X
+
+CONTENDED_PEERS = (c.OURS, c.PRL, c.REDIS_PY_SLOW, c.REDIS_PY_FAST)
+MANY_KEYS_PEERS = (c.OURS, c.REDIS_PY_FAST, c.PRL)
+#: An acquisition that waited longer than this counts as a stall (a lost hand-off, a long poll).
+STALL_S = 1.0
+
+
+# -- jobs (run inside worker processes) -----------------------------------------------------------
+
+
+def loop(peer: str, key: str, t_start: float, t_end: float, grace: float) -> dict[str, Any]:
+    """One process of a contended block: acquire -> release on ``key`` until ``t_end``."""
+    conn = c.client()
+    lock = c.make_lock(peer, key, conn)
+    events: list[tuple[float, float, float, float]] = []
+    failures = 0
+    clock = time.perf_counter
+    c.sleep_until(t_start)
+    cpu = time.process_time()
+    with c.COUNTER.counting():
+        while True:
+            called = clock()
+            if called >= t_end:
+                break
+            if not c.acquire_within(peer, lock, t_end + grace - called):
+                failures += 1
+                continue
+            acquired = clock()
+            # critical section: empty (the hand-off itself is what is measured)
+            releasing = clock()
+            lock.release()
+            events.append((called, acquired, releasing, clock()))
+    return {
+        "index": c.WORKER["index"],
+        "events": events,
+        "failures": failures,
+        "cpu_s": time.process_time() - cpu,
+        "commands": dict(c.COUNTER.commands),
+        "round_trips": c.COUNTER.round_trips,
+    }
+
+
+def many_keys(
+    peer: str,
+    prefix: str,
+    keys: int,
+    threads: int,
+    t_start: float,
+    t_end: float,
+    warm: float,
+    grace: float,
+    seed: int,
+) -> dict[str, Any]:
+    """One process of a many-keys block: ``threads`` threads, a random key per operation.
+
+    An operation is what application code does: build the lock object, acquire, release.
+    """
+    conn = c.client()
+    clock = time.perf_counter
+    latencies: list[list[float]] = [[] for _ in range(threads)]
+    counts = [[0, 0, 0] for _ in range(threads)]  # ops in window, failures, stalls
+
+    def body(tid: int) -> None:
+        rng = random.Random(seed * 1000 + tid)
+        mine, count = latencies[tid], counts[tid]
+        c.sleep_until(t_start)
+        while True:
+            t0 = clock()
+            if t0 >= t_end:
+                return
+            lock = c.make_lock(peer, f"{prefix}:{rng.randrange(keys)}", conn)
+            if not c.acquire_within(peer, lock, t_end + grace - t0):
+                count[1] += 1
+                continue
+            lock.release()
+            took = clock() - t0
+            if took > STALL_S:
+                count[2] += 1
+            if t0 >= t_start + warm:
+                mine.append(took)
+                count[0] += 1
+
+    workers = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(threads)]
+    cpu = time.process_time()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return {
+        "latencies": [x for part in latencies for x in part],
+        "ops": sum(x[0] for x in counts),
+        "failures": sum(x[1] for x in counts),
+        "stalls": sum(x[2] for x in counts),
+        "cpu_s": time.process_time() - cpu,
+    }
+
+
+# -- orchestration (parent process) ---------------------------------------------------------------
+
+
+def run_contended(
+    pool: c.WorkerPool,
+    probe: c.ServerProbe,
+    workers: list[int],
+    runs: int,
+    rounds: int,
+    duration: float,
+    warm: float,
+    grace: float,
+) -> dict[str, Any]:
+    procs = len(workers)
+    per_run: list[dict[str, dict[str, float]]] = []
+    raw: list[dict[str, Any]] = []
+    for run_index in range(runs):
+        pooled: dict[str, dict[str, Any]] = {p: empty() for p in CONTENDED_PEERS}
+        for r in range(rounds):
+            shift = (run_index * rounds + r) % len(CONTENDED_PEERS)
+            for peer in CONTENDED_PEERS[shift:] + CONTENDED_PEERS[:shift]:
+                key = f"bench:contended:{run_index}:{r}:{peer}"
+                t_start = time.perf_counter() + 0.3  # every worker is idle and listening
+                t_end = t_start + warm + duration
+                with probe.measure() as srv:
+                    replies = pool.call_many(
+                        [(i, "benchmarks._contended:loop", {
+                            "peer": peer, "key": key, "t_start": t_start, "t_end": t_end,
+                            "grace": grace,
+                        }) for i in workers],
+                        timeout=warm + duration + grace + 120,
+                    )  # fmt: skip
+                _pool_block(pooled[peer], replies, t_start + warm, t_end, srv)
+        per_run.append({p: metrics(pooled[p], workers) for p in CONTENDED_PEERS})
+        raw.append({p: _summary(pooled[p]) for p in CONTENDED_PEERS})
+    return {
+        "peers": list(CONTENDED_PEERS),
+        "procs": procs,
+        "runs": runs,
+        "rounds": rounds,
+        "duration": duration,
+        "warm": warm,
+        "per_run": per_run,
+        "detail": raw,
+    }
+
+
+def empty() -> dict[str, Any]:
+    return {
+        "window_s": 0.0,
+        "acq_window": 0,
+        "acq_total": 0,
+        "handoffs": 0,
+        "latencies": [],
+        "per_process": {},
+        "overlaps": 0,
+        "stalls": 0,
+        "max_wait_s": 0.0,
+        "failures": 0,
+        "client_cpu_s": 0.0,
+        "sent": {},
+        "round_trips": 0,
+        "server": {},
+        "server_cpu_s": 0.0,
+    }
+
+
+def _pool_block(
+    acc: dict[str, Any],
+    replies: list[dict[str, Any]],
+    w_start: float,
+    w_end: float,
+    srv: dict[str, Any],
+) -> None:
+    """Add one block's replies (one per process) to a run's pooled figures of one peer."""
+    for reply in replies:
+        acc["per_process"].setdefault(reply["index"], 0)
+        acc["failures"] += reply["failures"]
+        acc["client_cpu_s"] += reply["cpu_s"]
+        acc["round_trips"] += reply["round_trips"]
+        for name, count in reply["commands"].items():
+            acc["sent"][name] = acc["sent"].get(name, 0) + count
+    events = [(*event, reply["index"]) for reply in replies for event in reply["events"]]
+    pool_events(acc, events, w_start, w_end)
+    c.add_deltas(acc["server"], srv["commands"])
+    acc["server_cpu_s"] += srv["cpu_s"]
+
+
+def pool_events(
+    acc: dict[str, Any],
+    events: list[tuple[float, float, float, float, int]],
+    w_start: float,
+    w_end: float,
+) -> None:
+    """Hand-offs, stalls and overlaps of one block's holds ``(called, acquired, releasing,
+    released, holder)``, counted over the window ``[w_start, w_end]``."""
+    merged = sorted(
+        (acquired, called, releasing, who) for called, acquired, releasing, _, who in events
+    )
+    acc["window_s"] += w_end - w_start
+    acc["acq_total"] += len(merged)
+    for i, (acquired, called, _releasing, who) in enumerate(merged):
+        wait = acquired - called
+        acc["max_wait_s"] = max(acc["max_wait_s"], wait)
+        if not w_start <= acquired <= w_end:
+            continue
+        acc["acq_window"] += 1
+        acc["per_process"][who] = acc["per_process"].get(who, 0) + 1
+        if wait > STALL_S:
+            acc["stalls"] += 1
+        if i == 0:
+            continue
+        _prev_acq, _prev_called, prev_releasing, prev_who = merged[i - 1]
+        if acquired < prev_releasing:
+            acc["overlaps"] += 1
+        if who != prev_who and called <= prev_releasing:
+            acc["handoffs"] += 1
+            acc["latencies"].append(acquired - prev_releasing)
+
+
+def metrics(acc: dict[str, Any], holders: Sequence[int]) -> dict[str, float]:
+    """A run's figures of one peer from its pooled blocks; ``holders``: processes (tasks)."""
+    window = acc["window_s"] or float("nan")
+    total = acc["acq_total"] or float("nan")
+    sent = {k: v / total for k, v in acc["sent"].items()}
+    rt = c.redis_time(acc["server"], sent, total)
+    counts = [acc["per_process"].get(i, 0) for i in holders]
+    return {
+        "acq_per_s": acc["acq_window"] / window,
+        "handoffs_per_s": acc["handoffs"] / window,
+        "handoff_p50_ms": c.percentile(acc["latencies"], 0.5) * 1e3,
+        "handoff_p99_ms": c.percentile(acc["latencies"], 0.99) * 1e3,
+        "round_trips_per_acq": acc["round_trips"] / total,
+        "sent_per_acq": sum(sent.values()),
+        "all_cmds_per_acq": rt["all_calls"],
+        "redis_time_us": rt["total_us"],
+        "redis_cpu_us": acc["server_cpu_s"] / total * 1e6,
+        "client_cpu_us": acc["client_cpu_s"] / total * 1e6,
+        "jain": c.jain(counts),
+        "stalls": float(acc["stalls"]),
+        "max_wait_ms": acc["max_wait_s"] * 1e3,
+        "overlaps": float(acc["overlaps"]),
+        "failures": float(acc["failures"]),
+    }
+
+
+def _summary(acc: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "per_process": acc["per_process"],
+        "sent": acc["sent"],
+        "server": {k: list(v) for k, v in acc["server"].items()},
+        "acquisitions": acc["acq_total"],
+    }
+
+
+def run_many_keys(
+    pool: c.WorkerPool,
+    workers: list[int],
+    threads: int,
+    keys: int,
+    runs: int,
+    rounds: int,
+    duration: float,
+    warm: float,
+    grace: float,
+) -> dict[str, Any]:
+    per_run: list[dict[str, dict[str, float]]] = []
+    for run_index in range(runs):
+        lat: dict[str, list[float]] = {p: [] for p in MANY_KEYS_PEERS}
+        ops = dict.fromkeys(MANY_KEYS_PEERS, 0)
+        stalls = dict.fromkeys(MANY_KEYS_PEERS, 0)
+        failures = dict.fromkeys(MANY_KEYS_PEERS, 0)
+        cpu = dict.fromkeys(MANY_KEYS_PEERS, 0.0)
+        for r in range(rounds):
+            shift = (run_index * rounds + r) % len(MANY_KEYS_PEERS)
+            for peer in MANY_KEYS_PEERS[shift:] + MANY_KEYS_PEERS[:shift]:
+                prefix = f"bench:many:{run_index}:{r}:{peer}"
+                t_start = time.perf_counter() + 0.3
+                t_end = t_start + warm + duration
+                replies = pool.call_many(
+                    [(i, "benchmarks._contended:many_keys", {
+                        "peer": peer, "prefix": prefix, "keys": keys, "threads": threads,
+                        "t_start": t_start, "t_end": t_end, "warm": warm, "grace": grace,
+                        "seed": run_index * 10_000 + r * 100 + i,
+                    }) for i in workers],
+                    timeout=warm + duration + grace + 120,
+                )  # fmt: skip
+                for reply in replies:
+                    lat[peer] += reply["latencies"]
+                    ops[peer] += reply["ops"]
+                    stalls[peer] += reply["stalls"]
+                    failures[peer] += reply["failures"]
+                    cpu[peer] += reply["cpu_s"]
+        window = rounds * duration
+        metrics: dict[str, dict[str, float]] = {}
+        for peer in MANY_KEYS_PEERS:
+            metrics[peer] = {
+                "ops_per_s": ops[peer] / window,
+                "p50_ms": c.percentile(lat[peer], 0.5) * 1e3,
+                "p99_ms": c.percentile(lat[peer], 0.99) * 1e3,
+                "max_ms": max(lat[peer], default=float("nan")) * 1e3,
+                "client_cpu_us": cpu[peer] / max(1, ops[peer]) * 1e6,
+                "stalls": float(stalls[peer]),
+                "failures": float(failures[peer]),
+            }
+        for peer in MANY_KEYS_PEERS:
+            base = metrics[c.OURS]["ops_per_s"]
+            metrics[peer]["x_ours"] = metrics[peer]["ops_per_s"] / base if base else float("nan")
+        per_run.append(metrics)
+    return {
+        "peers": list(MANY_KEYS_PEERS),
+        "procs": len(workers),
+        "threads": threads,
+        "keys": keys,
+        "runs": runs,
+        "rounds": rounds,
+        "duration": duration,
+        "per_run": per_run,
+    }
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+
+def contended_tables(res: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]]]:
+    rows = []
+    base = [run[c.PRL] for run in res["per_run"]]
+    for peer in res["peers"]:
+        s = c.spreads([run[peer] for run in res["per_run"]])
+        ratio = c.Spread.of(
+            [
+                run[peer]["handoffs_per_s"] / b["handoffs_per_s"] if b["handoffs_per_s"] else 0.0
+                for run, b in zip(res["per_run"], base, strict=True)
+            ]
+        )
+        rows.append(
+            [
+                peer,
+                s["acq_per_s"].fmt(0),
+                s["handoffs_per_s"].fmt(0),
+                ratio.fmt(2, f"{X}"),
+                s["handoff_p50_ms"].fmt(2),
+                s["handoff_p99_ms"].fmt(2),
+                s["round_trips_per_acq"].fmt(2),
+                s["all_cmds_per_acq"].fmt(1),
+                s["redis_cpu_us"].fmt(0),
+                s["client_cpu_us"].fmt(0),
+                s["jain"].fmt(3),
+                f"{s['stalls'].fmt(0)} / {s['failures'].fmt(0)} / {s['max_wait_ms'].fmt(0)}",
+                s["overlaps"].fmt(0),
+            ]
+        )
+    headers = [
+        "peer",
+        "acquisitions/s",
+        "hand-offs/s",
+        f"hand-offs {X} python-redis-lock",
+        "hand-off p50 ms",
+        "hand-off p99 ms",
+        "cmds sent/acq",
+        "cmds incl. Lua/acq",
+        "Redis CPU µs/acq",
+        "client CPU µs/acq",
+        "Jain",
+        "stalls > 1 s / timeouts / longest wait ms",
+        "overlaps",
+    ]
+    title = f"2. Contended: {res['procs']} processes on one key, empty critical section"
+    return {title: (headers, rows)}
+
+
+def contended_notes(res: dict[str, Any]) -> list[str]:
+    return [
+        f"{res['runs']} runs x {res['rounds']} rounds x {res['duration']:g} s per peer (after "
+        f"{res['warm']:g} s warm-up), peers interleaved; figures: median of the runs "
+        f"(min{DASH}max).",
+        "cmds sent/acq: commands the client sent = round trips (no pipelines here; a BLPOP is "
+        "one); cmds incl. Lua: every command Redis executed (INFO commandstats), per acquisition.",
+        "stalls: acquisitions that waited > 1 s; timeouts: waits given up at the end of the "
+        "block + grace (a stuck waiter); overlaps: holds that overlapped (must be 0).",
+    ]
+
+
+def many_keys_tables(res: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]]]:
+    rows = []
+    for peer in res["peers"]:
+        s = c.spreads([run[peer] for run in res["per_run"]])
+        rows.append(
+            [
+                peer,
+                s["ops_per_s"].fmt(0),
+                s["x_ours"].fmt(2, f"{X}"),
+                s["p50_ms"].fmt(2),
+                s["p99_ms"].fmt(2),
+                s["max_ms"].fmt(0),
+                s["client_cpu_us"].fmt(0),
+                f"{s['stalls'].fmt(0)} / {s['failures'].fmt(0)}",
+            ]
+        )
+    headers = [
+        "peer",
+        "ops/s",
+        f"{X} django-redislock",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "client CPU µs/op",
+        "stalls > 1 s / timeouts",
+    ]
+    title = (
+        f"3. {res['keys']:,} keys, {res['procs']} processes x {res['threads']} threads, "
+        "random key per operation"
+    )
+    return {title: (headers, rows)}
+
+
+def many_keys_notes(res: dict[str, Any]) -> list[str]:
+    return [
+        f"{res['runs']} runs x {res['rounds']} rounds x {res['duration']:g} s per peer; an "
+        "operation = construct the lock, acquire, release (latency of all three).",
+    ]

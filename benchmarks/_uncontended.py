@@ -1,0 +1,579 @@
+"""Sections 1 and 5 (uncontended acquire+release, statistics overhead) and the cycle profile.
+
+Runs inside one fresh benchmark process. The peers are interleaved: every round runs a block of
+each peer, in an order rotated from round to round, so load from elsewhere on the machine falls
+on all peers alike; ratios are taken round by round between blocks measured within milliseconds
+of each other and then summarised per run (median of the round ratios).
+
+Besides the three libraries, two reference rows locate our cost:
+
+- ``2 x PING``: the floor of any two-round-trip protocol on this client and server;
+- ``django-redislock scripts only``: our acquire and release scripts called directly with
+  prepared arguments (``EVALSHA`` x 2, no engine code), i.e. what our Lua and its arguments cost.
+  The gap between it and ``django-redislock`` is the Python engine (validation, hold table,
+  watchdog registration, signals, statistics).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import cProfile
+import pstats
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from benchmarks import _common as c
+from benchmarks._common import DASH, X
+
+PEERS = (
+    c.OURS,
+    c.OURS_NO_RENEW,
+    c.OURS_NO_STATS,
+    c.OURS_SCRIPTS,
+    c.REDIS_PY,
+    c.PRL,
+    c.PING2,
+)
+WARMUP = 5  # untimed cycles at the start of every block (rebuilt caches after a settings swap)
+
+
+@contextlib.contextmanager
+def _stats_off() -> Iterator[None]:
+    from django.test.utils import override_settings
+
+    with override_settings(REDISLOCK={"STATS": False}):
+        yield
+
+
+def _peer_cycles(conn: Any) -> dict[str, tuple[Callable[[], None], Callable[[], Any]]]:
+    """``{peer: (one acquire+release cycle, context the block runs in)}``."""
+    cycles: dict[str, tuple[Callable[[], None], Callable[[], Any]]] = {}
+    for i, peer in enumerate(PEERS):
+        if peer == c.PING2:
+
+            def ping2() -> None:
+                conn.ping()
+                conn.ping()
+
+            cycles[peer] = (ping2, contextlib.nullcontext)
+            continue
+        if peer == c.OURS_SCRIPTS:
+            cycles[peer] = (_scripts_only(f"bench:uc:{i}"), contextlib.nullcontext)
+            continue
+        lock = c.make_lock(peer, f"bench:uc:{i}", conn)
+
+        def cycle(lock: Any = lock) -> None:
+            lock.acquire()
+            lock.release()
+
+        cycles[peer] = (cycle, _stats_off if peer == c.OURS_NO_STATS else contextlib.nullcontext)
+    return cycles
+
+
+def _scripts_only(name: str) -> Callable[[], None]:
+    """Our two scripts with the exact arguments ``Lock`` sends, minus all engine code.
+
+    Built from the engine's own call builders (private API: this is a benchmark of the engine),
+    so the arguments stay what a real ``Lock`` sends.
+    """
+    from django_redislock import Lock, holds, scripts
+
+    lock = Lock(name, auto_renew=False)
+    spec = lock._spec()
+    owner = lock.owner
+    acquire = lock._acquire_call(spec, owner, holds.metadata(), "", "", 2000)
+    release, _ = lock._release_call(False, owner)
+    client = spec.target.client
+    keys, a_args, r_args = spec.script_keys, acquire.args, release.args
+    run_acquire, run_release = scripts.ACQUIRE, scripts.RELEASE
+
+    def cycle() -> None:
+        state = run_acquire(client, keys, a_args)
+        if int(state[0]) != 1 or int(run_release(client, keys, r_args)) != 0:
+            raise RuntimeError("scripts-only cycle did not acquire and release")
+
+    return cycle
+
+
+def run(runs: int, rounds: int, per_round: int, count_cycles: int) -> dict[str, Any]:
+    """The job: ``runs`` x ``rounds`` interleaved blocks of ``per_round`` cycles per peer."""
+    conn = c.client()
+    probe = c.ServerProbe(c.WORKER["server_pid"], conn)
+    cycles = _peer_cycles(conn)
+    order = list(cycles)
+    for cycle, context in cycles.values():  # load scripts, fill the pool, start threads
+        with context():
+            for _ in range(50):
+                cycle()
+
+    # Untimed counting pass: round trips and commands the client sends per cycle.
+    sent: dict[str, dict[str, float]] = {}
+    trips: dict[str, float] = {}
+    for peer, (cycle, context) in cycles.items():
+        with context():
+            for _ in range(WARMUP):
+                cycle()
+            with c.COUNTER.counting():
+                for _ in range(count_cycles):
+                    cycle()
+        trips[peer] = c.COUNTER.round_trips / count_cycles
+        sent[peer] = {k: v / count_cycles for k, v in c.COUNTER.commands.items()}
+
+    clock = time.perf_counter
+    per_run: list[dict[str, dict[str, float]]] = []
+    for run_index in range(runs):
+        samples: dict[str, list[float]] = {p: [] for p in order}
+        round_medians: dict[str, list[float]] = {p: [] for p in order}
+        server: dict[str, dict[str, tuple[int, int]]] = {p: {} for p in order}
+        server_cpu = dict.fromkeys(order, 0.0)
+        client_cpu = dict.fromkeys(order, 0.0)
+        for r in range(rounds):
+            shift = (run_index * rounds + r) % len(order)
+            for peer in order[shift:] + order[:shift]:  # rotate: no peer always goes first
+                cycle, context = cycles[peer]
+                out: list[float] = []
+                with context():
+                    for _ in range(WARMUP):
+                        cycle()
+                    with probe.measure() as srv:
+                        cpu = time.process_time()
+                        for _ in range(per_round):
+                            t0 = clock()
+                            cycle()
+                            out.append(clock() - t0)
+                        client_cpu[peer] += time.process_time() - cpu
+                server_cpu[peer] += srv["cpu_s"]
+                c.add_deltas(server[peer], srv["commands"])
+                samples[peer] += out
+                round_medians[peer].append(statistics.median(out))
+        n = rounds * per_round
+        metrics: dict[str, dict[str, float]] = {}
+        for peer in order:
+            rt = c.redis_time(server[peer], sent[peer], n)
+            metrics[peer] = {
+                "median_us": statistics.median(samples[peer]) * 1e6,
+                "p99_us": c.percentile(samples[peer], 0.99) * 1e6,
+                "x_redis_py": statistics.median(
+                    m / b
+                    for m, b in zip(round_medians[peer], round_medians[c.REDIS_PY], strict=True)
+                ),
+                "x_2ping": statistics.median(
+                    m / b for m, b in zip(round_medians[peer], round_medians[c.PING2], strict=True)
+                ),
+                "redis_cpu_us": server_cpu[peer] / n * 1e6,
+                "redis_time_us": rt["total_us"],
+                "redis_in_scripts_us": rt["in_scripts_us"],
+                "server_commands": rt["all_calls"],
+                "client_cpu_us": client_cpu[peer] / n * 1e6,
+            }
+        on, off = round_medians[c.OURS], round_medians[c.OURS_NO_STATS]
+        metrics["stats_overhead"] = {
+            "pct": statistics.median((a - b) / a * 100 for a, b in zip(on, off, strict=True)),
+            "us": statistics.median((a - b) * 1e6 for a, b in zip(on, off, strict=True)),
+        }
+        per_run.append(metrics)
+    return {
+        "peers": order,
+        "per_run": per_run,
+        "round_trips": trips,
+        "client_sent": sent,
+        "rounds": rounds,
+        "per_round": per_round,
+        "cpu_source": probe.cpu_source,
+    }
+
+
+def profile(cycles: int, script_calls: int, ladder_rounds: int) -> dict[str, Any]:
+    """The job: where one default ``Lock`` cycle spends its time (client and server side)."""
+    from django_redislock import Lock
+
+    conn = c.client()
+    probe = c.ServerProbe(c.WORKER["server_pid"], conn)
+    lock = Lock("bench:profile")
+    for _ in range(200):
+        lock.acquire()
+        lock.release()
+    clock = time.perf_counter
+    plain = []
+    for _ in range(cycles):
+        t0 = clock()
+        lock.acquire()
+        lock.release()
+        plain.append(clock() - t0)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(cycles):
+        lock.acquire()
+        lock.release()
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    total = sum(row[2] for row in stats.stats.values())  # type: ignore[attr-defined]
+    top = []
+    for (path, line, func), (_cc, ncalls, tottime, cumtime, _callers) in sorted(
+        stats.stats.items(),  # type: ignore[attr-defined]
+        key=lambda item: -item[1][2],
+    )[:18]:
+        where = path if path.startswith("<") or path == "~" else f"{_short(path)}:{line}"
+        top.append(
+            {
+                "function": f"{where}({func})",
+                "calls_per_cycle": ncalls / cycles,
+                "tottime_us": tottime / cycles * 1e6,
+                "cumtime_us": cumtime / cycles * 1e6,
+                "share": tottime / total if total else float("nan"),
+            }
+        )
+
+    # Server side, per script: a block of acquires then a block of releases on warm names
+    # (fence counters exist), so commandstats separates the two scripts.
+    names = [Lock(f"bench:profile:{i}", auto_renew=False) for i in range(script_calls)]
+    for held in names:
+        held.acquire()
+        held.release()
+    with probe.measure() as acquire_side:
+        for held in names:
+            held.acquire()
+    with probe.measure() as release_side:
+        for held in names:
+            held.release()
+    return {
+        "cycles": cycles,
+        "median_us": statistics.median(plain) * 1e6,
+        "profiled_us": total / cycles * 1e6,
+        "top": top,
+        "areas": _areas(stats, cycles),
+        "pieces": _pieces(lock),
+        "ladder": _ladder(ladder_rounds, 200),
+        "scripts": {
+            "acquire.lua": _per_call(acquire_side, script_calls),
+            "release.lua": _per_call(release_side, script_calls),
+        },
+    }
+
+
+def _areas(stats: pstats.Stats, cycles: int) -> dict[str, float]:
+    """Profiled time per cycle by who spends it (µs; profiler overhead included)."""
+    areas: dict[str, float] = {}
+    for (path, _line, func), row in stats.stats.items():  # type: ignore[attr-defined]
+        if "django_redislock" in path:
+            area = "django-redislock"
+        elif "/redis/" in path:
+            area = "redis-py"
+        elif "/django/" in path:
+            area = "Django (signals, settings)"
+        elif "recv_into" in func or "sendall" in func:
+            area = "socket send/receive (incl. waiting for Redis)"
+        elif path == "~":
+            area = "other built-ins"
+        else:
+            area = "stdlib (threading, contextlib, ...)"
+        areas[area] = areas.get(area, 0.0) + row[2] / cycles * 1e6
+    return dict(sorted(areas.items(), key=lambda item: -item[1]))
+
+
+def _pieces(lock: Any) -> dict[str, float]:
+    """Unprofiled cost of engine pieces a cycle runs once or twice (µs per call, best of 3).
+
+    Private API on purpose (this benchmarks the engine); a piece whose API moved reads NaN.
+    """
+    import timeit
+
+    from django.dispatch import Signal
+
+    from django_redislock import Lock, holds, signals, stats, wakeups
+    from django_redislock.watchdog import watchdog
+
+    out: dict[str, float] = {}
+
+    def measure(label: str, fn: Callable[[], Any], number: int = 20_000) -> None:
+        try:
+            best = min(timeit.repeat(fn, number=number, repeat=3))
+        except Exception:
+            best = float("nan")
+        out[label] = best / number * 1e6
+
+    sender = type(lock)
+    cached = Signal(use_caching=True)
+    cached.connect(stats._on_acquired, dispatch_uid="bench-cached")
+
+    def waiter() -> None:
+        w = wakeups.Waiter(holds.new_waiter_id())
+        wakeups.register(w)
+        wakeups.unregister(w)
+
+    lock.acquire()
+    hold = lock._hold()
+    lock.release()
+
+    def watch() -> None:
+        watchdog.register(hold)
+        watchdog.unregister(hold)
+
+    measure("Lock(name) construction (validation)", lambda: Lock("bench:piece"))
+    measure("lock._spec() (settings check, cached keys)", lock._spec)
+    measure("lock.owner (default owner string)", lambda: lock.owner)
+    measure("holds.metadata() (holder JSON, task-id providers)", holds.metadata)
+    measure("holds._current_task_id() (task-id providers)", holds._current_task_id)
+    measure("Waiter() + register + unregister (every blocking acquire)", waiter)
+    measure("watchdog.register + unregister", watch)
+    measure(
+        "lock_acquired.send_robust (statistics receiver)",
+        lambda: signals.lock_acquired.send_robust(
+            sender, lock=lock, name=lock.name, token=1, waited=0.0, contended=False
+        ),
+    )
+    measure(
+        "same, Signal(use_caching=True)",
+        lambda: cached.send_robust(
+            sender, lock=lock, name=lock.name, token=1, waited=0.0, contended=False
+        ),
+    )
+    measure(
+        "lock_released.send_robust (statistics receiver)",
+        lambda: signals.lock_released.send_robust(sender, lock=lock, name=lock.name, held=0.0),
+    )
+    stats.flush()
+    return out
+
+
+def _ladder(rounds: int, per_round: int) -> list[dict[str, Any]]:
+    """Cumulative ablations of one default cycle, interleaved: what each engine piece costs.
+
+    Each rung removes one more piece (private API, monkeypatched in this process only):
+    the busy-path machinery on the first attempt (generator, driver, ``Waiter``), the holder
+    metadata, auto-renewal, the two signals (statistics), down to our two scripts alone.
+    """
+    from django_redislock import Lock, connection, holds, scripts, signals
+    from django_redislock.engine import ENTRY_MARGIN
+
+    meta = holds.metadata()
+
+    class Rung(Lock):
+        fast = False
+        const_meta = False
+
+        def acquire(
+            self, blocking: bool | None = None, blocking_timeout: float | None = None
+        ) -> bool:
+            if not self.fast:
+                return super().acquire(blocking, blocking_timeout)
+            spec, owner, started = self._spec(), self.owner, time.monotonic()
+            data = meta if self.const_meta else holds.metadata(self._task_id, queued=self._queued)
+            entry_ms = int((spec.lease + ENTRY_MARGIN) * 1000)
+            call = self._acquire_call(spec, owner, data, "", "", entry_ms)
+            with connection.backend_errors(call.action):
+                state, value, extra = call.script(spec.target.client, call.keys, call.args)
+            if int(state) != 1:
+                raise RuntimeError("ladder lock was busy")
+            return self._acquired(spec, owner, int(value), int(extra), started, False)
+
+    def rung(name: str, fast: bool, const_meta: bool, auto_renew: bool | None) -> Rung:
+        lock = Rung(name, auto_renew=auto_renew)
+        lock.fast, lock.const_meta = fast, const_meta
+        return lock
+
+    quiet = {"lock_acquired": signals.lock_acquired, "lock_released": signals.lock_released}
+
+    def silenced(lock: Rung) -> Callable[[], None]:
+        def cycle() -> None:
+            for signal in quiet.values():
+                signal.send_robust = _no_receivers  # type: ignore[method-assign]
+            try:
+                lock.acquire()
+                lock.release()
+            finally:
+                for signal in quiet.values():
+                    del signal.send_robust
+
+        return cycle
+
+    def plain(lock: Any) -> Callable[[], None]:
+        def cycle() -> None:
+            lock.acquire()
+            lock.release()
+
+        return cycle
+
+    bare = Lock("bench:ladder:scripts", auto_renew=False)
+    spec, owner = bare._spec(), bare.owner
+    acquire = bare._acquire_call(spec, owner, meta, "", "", 2000)
+    release, _ = bare._release_call(False, owner)
+    client = spec.target.client
+
+    def scripts_only() -> None:
+        scripts.ACQUIRE(client, acquire.keys, acquire.args)
+        scripts.RELEASE(client, release.keys, release.args)
+
+    rungs: dict[str, Callable[[], None]] = {
+        "default Lock cycle": plain(rung("bench:ladder:a", False, False, None)),
+        "- busy-path machinery on the first attempt (fast path)": plain(
+            rung("bench:ladder:b", True, False, None)
+        ),
+        "- holder metadata (constant)": plain(rung("bench:ladder:c", True, True, None)),
+        "- auto-renew (watchdog registration)": plain(rung("bench:ladder:d", True, True, False)),
+        "- lock_acquired/lock_released signals (statistics)": silenced(
+            rung("bench:ladder:e", True, True, False)
+        ),
+        "= our two scripts alone": scripts_only,
+    }
+    wall: dict[str, list[float]] = {k: [] for k in rungs}
+    cpu = dict.fromkeys(rungs, 0.0)
+    order = list(rungs)
+    for fn in rungs.values():
+        for _ in range(100):
+            fn()
+    for r in range(rounds):
+        for label in order[r % len(order) :] + order[: r % len(order)]:
+            fn = rungs[label]
+            began, began_cpu = time.perf_counter(), time.process_time()
+            for _ in range(per_round):
+                fn()
+            cpu[label] += time.process_time() - began_cpu
+            wall[label].append((time.perf_counter() - began) / per_round)
+    n = rounds * per_round
+    return [
+        {"rung": k, "wall_us": statistics.median(wall[k]) * 1e6, "cpu_us": cpu[k] / n * 1e6}
+        for k in order
+    ]
+
+
+def _no_receivers(*args: Any, **kwargs: Any) -> list[Any]:
+    return []
+
+
+def _short(path: str) -> str:
+    for marker in ("site-packages/", "django_redislock/", "lib/python3"):
+        if marker in path:
+            return (
+                path.split(marker, 1)[1]
+                if marker != "django_redislock/"
+                else path[path.index(marker) :]
+            )
+    return path
+
+
+def _per_call(measured: dict[str, Any], calls: int) -> dict[str, Any]:
+    commands = measured["commands"]
+    evalsha = commands.get("evalsha", (0, 0))
+    return {
+        "evalsha_us": evalsha[1] / max(1, evalsha[0]),
+        "inner": {
+            name: (calls_ / calls, usec / calls)
+            for name, (calls_, usec) in sorted(commands.items())
+            if name != "evalsha"
+        },
+        "redis_cpu_us": measured["cpu_s"] / calls * 1e6,
+    }
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+_LABELS = {
+    c.OURS: "django-redislock (defaults: stats on, auto-renew on)",
+    c.OURS_NO_RENEW: "django-redislock auto_renew=False",
+    c.OURS_NO_STATS: "django-redislock STATS=False",
+    c.OURS_SCRIPTS: "django-redislock scripts only (2 x EVALSHA, no engine)",
+    c.REDIS_PY: "redis-py `Lock`",
+    c.PRL: "python-redis-lock",
+    c.PING2: "floor: 2 x PING",
+}
+
+
+def tables(res: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]]]:
+    """``{title: (headers, rows)}`` for the console and the Markdown block."""
+    rows = []
+    for peer in res["peers"]:
+        s = c.spreads([run[peer] for run in res["per_run"]])
+        rows.append(
+            [
+                _LABELS[peer],
+                s["median_us"].fmt(0),
+                s["p99_us"].fmt(0),
+                s["x_redis_py"].fmt(2, f"{X}"),
+                s["x_2ping"].fmt(2, f"{X}"),
+                c.fmt_num(res["round_trips"][peer], 0),
+                s["redis_time_us"].fmt(1),
+                s["redis_in_scripts_us"].fmt(1),
+                s["server_commands"].fmt(1),
+                s["redis_cpu_us"].fmt(1),
+                s["client_cpu_us"].fmt(0),
+            ]
+        )
+    headers = [
+        "peer",
+        "median µs",
+        "p99 µs",
+        f"{X} redis-py",
+        f"{X} 2 PING",
+        "round trips",
+        "Redis cmd µs",
+        "of which in Lua",
+        "Redis cmds",
+        "Redis CPU µs",
+        "client CPU µs",
+    ]
+    ov = c.spreads([run["stats_overhead"] for run in res["per_run"]])
+    stats_rows = [
+        [
+            "statistics on vs `STATS=False` (auto-renew on in both)",
+            ov["pct"].fmt(1, " %"),
+            ov["us"].fmt(1, " µs"),
+        ]
+    ]
+    return {
+        "1. Uncontended acquire+release, one process, one key": (headers, rows),
+        "5. Statistics overhead (uncontended cycle)": (
+            ["comparison", "share of a cycle", "per cycle"],
+            stats_rows,
+        ),
+    }
+
+
+def notes(res: dict[str, Any]) -> list[str]:
+    runs = len(res["per_run"])
+    return [
+        f"{runs} runs x {res['rounds']} rounds x {res['per_round']} cycles per peer, peers "
+        f"interleaved and rotated each round; figures: median of the runs "
+        f"(min{DASH}max of the runs).",
+        f"{X} ratios: median over rounds of (peer round median / reference round median). "
+        "Redis cmd µs: INFO commandstats time of the commands the client sent (a script "
+        "whole), per cycle; 'of which in Lua': the part spent in commands inside scripts. "
+        "Redis cmds: every command executed, those inside scripts included.",
+        f"Redis CPU: server process CPU per cycle ({res['cpu_source']}), network syscalls "
+        "included. Client CPU: this process, all threads (watchdog, statistics flusher).",
+    ]
+
+
+def profile_lines(res: dict[str, Any]) -> list[str]:
+    lines = [
+        f"cProfile of {res['cycles']} default Lock cycles: unprofiled median "
+        f"{res['median_us']:.0f} µs/cycle, profiled {res['profiled_us']:.0f} µs/cycle "
+        "(profiler overhead inflates Python-heavy code; read shares, not absolutes)",
+        f"{'tottime µs/cycle':>16} {'share':>6} {'calls/cycle':>11}  function",
+    ]
+    for row in res["top"]:
+        lines.append(
+            f"{row['tottime_us']:16.1f} {row['share'] * 100:5.1f}% "
+            f"{row['calls_per_cycle']:11.1f}  {row['function']}"
+        )
+    lines.append("profiled time per cycle by area (µs, profiler overhead included):")
+    lines += [f"  {us:7.1f}  {area}" for area, us in res["areas"].items()]
+    lines.append("engine pieces, unprofiled (timeit, µs per call; a cycle runs each once):")
+    lines += [f"  {us:7.2f}  {label}" for label, us in res["pieces"].items()]
+    lines.append(
+        "ablation ladder (interleaved, 200-cycle blocks): each rung removes one more piece"
+    )
+    lines.append(f"  {'wall µs':>8} {'CPU µs':>7}  rung")
+    lines += [f"  {r['wall_us']:8.1f} {r['cpu_us']:7.1f}  {r['rung']}" for r in res["ladder"]]
+    lines.append("Redis side per script call (INFO commandstats; EVALSHA time includes the rest):")
+    for script, data in res["scripts"].items():
+        inner = ", ".join(
+            f"{name} {calls:g}x/{usec:.2f} µs" for name, (calls, usec) in data["inner"].items()
+        )
+        lines.append(
+            f"  {script}: EVALSHA {data['evalsha_us']:.2f} µs, server CPU "
+            f"{data['redis_cpu_us']:.1f} µs/call; inside: {inner}"
+        )
+    return lines

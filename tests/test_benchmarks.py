@@ -1,0 +1,140 @@
+"""Smoke test of the benchmark suite: ``bench_locks.py --quick`` runs every section end to end.
+
+It checks the *harness*, never the figures: the run exits 0, every section produced per-run
+results and a well-formed Markdown table, and no process it started outlives it. Timings are
+never asserted here — speed is the benchmarks' business, on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = [pytest.mark.slow]
+
+TITLES = ("#### 1.", "#### 2.", "#### 3.", "#### 4.", "#### 5.", "#### 6.", "#### 7a.", "#### 7b.")
+
+
+def _descendants(pid: int) -> dict[int, float]:
+    """``{pid: create_time}`` of every live descendant (create time guards against PID reuse)."""
+    import psutil
+
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return {}
+    found = {}
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found[child.pid] = child.create_time()
+    return found
+
+
+def _still_running(seen: dict[int, float]) -> list[int]:
+    import psutil
+
+    alive = []
+    for pid, created in seen.items():
+        try:
+            proc = psutil.Process(pid)
+            if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _numbers(value: Any) -> list[float]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, (int, float)):
+        return [float(value)]
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _numbers(v)]
+    if isinstance(value, list):
+        return [x for v in value for x in _numbers(v)]
+    return []
+
+
+@pytest.mark.timeout(900)
+def test_quick_run_of_every_section(tmp_path: Path) -> None:
+    pytest.importorskip("redis_lock", reason="python-redis-lock is a benchmark peer")
+    pytest.importorskip("psutil")
+    out = tmp_path / "bench.json"
+    md = tmp_path / "bench.md"
+    log = tmp_path / "bench.log"
+    command = [sys.executable, "benchmarks/bench_locks.py", "--quick", "--json", str(out)]
+    with log.open("w") as sink:  # a file, not a pipe: a full pipe would block the run
+        proc = subprocess.Popen(
+            [*command, "--markdown", str(md)], cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT
+        )
+        seen: dict[int, float] = {}
+        while proc.poll() is None:  # note every process the run starts (server, workers)
+            seen.update(_descendants(proc.pid))
+            time.sleep(0.2)
+    output = log.read_text()
+    assert proc.returncode == 0, output[-5000:]
+    deadline = time.monotonic() + 10
+    while _still_running(seen) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _still_running(seen), f"left running: {_still_running(seen)}"
+    assert seen, "the run started no processes (no server, no workers?)"
+
+    data = json.loads(out.read_text())
+    assert data["quick"] is True
+    machine = data["machine"]
+    for key in ("nproc", "cpu_model", "python", "redis_py", "redis_server", "date", "parser"):
+        assert machine[key], key
+    assert isinstance(machine["hiredis_used"], bool)
+
+    results = data["results"]
+    assert set(results) == {
+        "uncontended",
+        "profile",
+        "contended",
+        "manykeys",
+        "watchdog",
+        "memory",
+        "asyncio",
+    }
+    plan = data["plan"]
+    assert len(results["uncontended"]["per_run"]) == plan["uc_runs"]
+    assert len(results["contended"]["per_run"]) == plan["c_runs"]
+    assert len(results["manykeys"]["per_run"]) == plan["mk_runs"]
+    assert len(results["asyncio"]["contended"]["per_run"]) == plan["aio_c_runs"]
+    assert results["uncontended"]["round_trips"]["django-redislock"] == 2
+    for run in results["contended"]["per_run"]:
+        assert run["django-redislock"]["overlaps"] == 0
+    assert results["watchdog"]["lost"] == 0
+    assert results["memory"]["peers"]["django-redislock"]["held_keys_per_lock"] > 0
+    numbers = _numbers(results)
+    assert numbers and not any(math.isinf(x) for x in numbers)
+
+    block = md.read_text()
+    assert block == data["markdown"]
+    for title in TITLES:
+        assert title in block, title
+    tables = [line for line in block.splitlines() if line.startswith("|")]
+    assert tables
+    # Every table row has as many cells as its header.
+    width = None
+    for line in block.splitlines():
+        if not line.startswith("|"):
+            width = None
+            continue
+        cells = line.count("|") - 1
+        if width is None:
+            width = cells
+        assert cells == width, line
+    assert "----- Markdown (paste into the README) -----" in output
+    assert "Checks" in output
