@@ -233,6 +233,20 @@ class Call(Op):
         return reply
 
     def sync(self, face: LockBase) -> Any:
+        # A sync pool that ran out of connections (threads beyond max_connections) frees one
+        # within moments: wait for it rather than fail (async pools block by themselves).
+        give_up = time.monotonic() + POOL_RETRY_BUDGET
+        pause = 0.001
+        while True:
+            try:
+                return self._sync(face)
+            except LockBackendError as exc:
+                if _transient(exc) != "pool" or time.monotonic() + pause > give_up:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+    def _sync(self, face: LockBase) -> Any:
         client = face._target().client
         with connection.backend_errors(self.action):
             if not self.replicas:
@@ -615,7 +629,6 @@ class LockBase:
         entry = ""
         contended = False
         reconnected = False
-        pool_budget = POOL_RETRY_BUDGET
         try:
             while True:
                 now = time.monotonic()
@@ -625,6 +638,7 @@ class LockBase:
                     # Reset before the call, never after: a hand-off message arriving while the
                     # call is in flight must not be forgotten.
                     waiter.handed = False
+                    waiter.token = None
                     waiter.recheck_at = float("inf")
                 call = self._acquire_call(
                     spec, owner, meta, waiter.id if waiter and queued else "", entry, entry_ms
@@ -640,11 +654,6 @@ class LockBase:
                         raise
                 except LockBackendError as exc:
                     kind = _transient(exc)
-                    if kind == "pool" and pool_budget > 0 and time.monotonic() < deadline:
-                        pause = min(0.05, pool_budget)
-                        pool_budget -= pause
-                        yield Sleep(pause)
-                        continue
                     if kind == "connection" and (entry or queued) and not reconnected:
                         # The connection dropped (killed, restarted pool): Redis may well be up.
                         # Our queue entry is still valid; reconnect once and keep waiting.
@@ -681,6 +690,10 @@ class LockBase:
                 waiter.recheck_at = min(waiter.recheck_at, planned)
                 if time.monotonic() < deadline:
                     yield Wait(waiter, deadline)
+                if waiter.handed and waiter.token is not None:
+                    # Handed over outright (single Redis): held, with its full lease, already.
+                    entry = ""
+                    return self._acquired(spec, owner, waiter.token, 1, started, True)
                 if not waiter.handed and time.monotonic() >= deadline:
                     cancel = self._cancel_call(spec, owner, waiter.id, entry, take=True)
                     entry = ""

@@ -46,11 +46,13 @@ class Waiter:
     loop, set from the listener thread through ``call_soon_threadsafe``.
     """
 
-    __slots__ = ("_aevent", "_event", "_loop", "handed", "id", "recheck_at")
+    __slots__ = ("_aevent", "_event", "_loop", "handed", "id", "recheck_at", "token")
 
     def __init__(self, waiter_id: str, *, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.id = waiter_id
         self.handed = False
+        #: The fencing token of a lock handed over outright (single Redis), else ``None``.
+        self.token: int | None = None
         self.recheck_at = float("inf")
         self._loop = loop
         self._event = threading.Event() if loop is None else None
@@ -64,12 +66,18 @@ class Waiter:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._aevent.set)
 
-    def notify(self, *, handed: bool = False, recheck_in: float | None = None) -> None:
+    def notify(
+        self, *, handed: bool = False, token: int | None = None, recheck_in: float | None = None
+    ) -> None:
         """Called from the listener thread (fields first, then the event: no lost update)."""
         if handed:
+            self.token = token
             self.handed = True
-        if recheck_in is not None:
-            self.recheck_at = min(self.recheck_at, time.monotonic() + recheck_in)
+        elif recheck_in is not None:
+            at = time.monotonic() + recheck_in
+            if at >= self.recheck_at:
+                return  # it re-checks earlier anyway: no need to wake it
+            self.recheck_at = at
         self._set()
 
     def _timeout(self, until: float) -> float:
@@ -118,10 +126,13 @@ def _dispatch(data: bytes | str) -> None:
     waiter = _waiters.get(parts[1]) if len(parts) > 1 else None
     if waiter is None:
         return
-    if parts[0] == "h":
-        waiter.notify(handed=True)
-    elif parts[0] == "r" and len(parts) > 2:
-        waiter.notify(recheck_in=int(parts[2]) / 1000)
+    try:
+        if parts[0] == "h":
+            waiter.notify(handed=True, token=int(parts[2]) if len(parts) > 2 else None)
+        elif parts[0] == "r" and len(parts) > 2:
+            waiter.notify(recheck_in=int(parts[2]) / 1000)
+    except ValueError:  # not a message of ours: the waiter still re-checks on its own timer
+        logger.warning("django_redislock: ignored a malformed wake-up message %r", text[:100])
 
 
 def _wake_all() -> None:

@@ -194,8 +194,10 @@ def test_a_dead_waiter_costs_at_most_the_claim_window_when_publish_cannot_tell(
 
 
 @pytest.mark.slow
-def test_a_frozen_waiter_costs_at_most_the_claim_window(redis_client, processes):
-    """A SIGSTOPped waiter still listens (its socket is open) but never claims the hand-off."""
+def test_a_frozen_waiter_costs_at_most_the_claim_window_where_hand_offs_are_claimed(
+    redis_client, processes, publish_counts_nobody
+):
+    """A SIGSTOPped waiter still listens (its socket is open) but never claims its reservation."""
     holder = Lock("frozen-waiter", timeout=30)
     holder.acquire()
     frozen = waiting_process("frozen-waiter")
@@ -210,6 +212,34 @@ def test_a_frozen_waiter_costs_at_most_the_claim_window(redis_client, processes)
     assert waiter.result is True
     stall = waiter.acquired_at - released  # type: ignore[operator]
     assert stall < engine.CLAIM_WINDOW + 1.0
+
+
+@pytest.mark.slow
+def test_on_a_single_redis_a_frozen_waiter_is_handed_the_lock_like_any_holder(
+    redis_client, processes
+):
+    """Single Redis: hand-offs are outright (no claim round trip). A frozen — not dead — waiter
+    then holds the lock for its lease, exactly as a frozen holder would."""
+    holder = Lock("frozen-holder", timeout=30)
+    holder.acquire()
+    frozen = subprocess.Popen(
+        [sys.executable, "-m", "tests.holder", "frozen-holder", "--timeout", "2"],
+        cwd=ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    processes.append(frozen)
+    wait_for(lambda: queue_length(redis_client, "frozen-holder") == 1)
+    os.kill(frozen.pid, signal.SIGSTOP)
+    waiter = start_waiter("frozen-holder", blocking_timeout=20)
+    wait_for(lambda: queue_length(redis_client, "frozen-holder") == 2)
+    released = time.monotonic()
+    holder.release()
+    waiter.join(20)
+    assert waiter.result is True
+    stall = waiter.acquired_at - released  # type: ignore[operator]
+    assert 1.5 < stall < 2.0 + 1.0  # the frozen waiter's own lease (2 s), not the claim window
 
 
 # -- defect: every blocked waiter held a pooled connection ---------------------------------------

@@ -64,10 +64,10 @@ local function next_token(fence_key)
   return token
 end
 
--- A waiter entry in the queue list: "expiry_ms\nwaiter_id\nowner\nmeta_json". The waiter id is
--- "<process token>.<sequence>"; its process listens on the channel <prefix><process token>.
+-- A waiter entry in the queue list: "expiry_ms\nwaiter_id\nowner\nlease_ms\nmeta_json". The
+-- waiter id is "<process token>.<sequence>"; its process listens on <prefix><process token>.
 local function parse_entry(entry)
-  return string.match(entry, '^(%d+)\n([^\n]*)\n([^\n]*)\n(.*)$')
+  return string.match(entry, '^(%d+)\n([^\n]*)\n([^\n]*)\n(%d+)\n(.*)$')
 end
 
 local function channel_of(prefix, waiter)
@@ -76,8 +76,8 @@ end
 
 -- Queue a waiter (or refresh its entry in place, keeping its position). The list lives as long
 -- as its longest-lived entry. Returns the entry.
-local function enqueue(queue_key, entry_ms, waiter, owner, meta, prev, now)
-  local entry = string.format('%d\n%s\n%s\n%s', now + entry_ms, waiter, owner, meta)
+local function enqueue(queue_key, entry_ms, waiter, owner, lease_ms, meta, prev, now)
+  local entry = string.format('%d\n%s\n%s\n%d\n%s', now + entry_ms, waiter, owner, lease_ms, meta)
   local at = false
   if prev ~= '' then at = redis.call('LPOS', queue_key, prev) end
   if at then
@@ -89,27 +89,33 @@ local function enqueue(queue_key, entry_ms, waiter, owner, meta, prev, now)
   return entry
 end
 
--- Tell the next waiter in line to re-check when the claim window of a hand-off ends.
+-- Tell the next waiter in line to re-check when the new holder's lease (or claim window) ends.
 local function tell_next(queue_key, prefix, claim_ms)
   local nxt = redis.call('LINDEX', queue_key, 0)
   if nxt then
     local _, w2 = parse_entry(nxt)
     if w2 then
-      redis.call('PUBLISH', channel_of(prefix, w2), 'r ' .. w2 .. ' ' .. claim_ms)
+      redis.call('PUBLISH', channel_of(prefix, w2), string.format('r %s %d', w2, claim_ms))
     end
   end
 end
 
--- Pop queue entries until one belongs to a live waiter: returns its waiter, owner and metadata
--- after telling its process ("h <waiter>"), or nil when nobody live waits. A waiter whose
--- process no longer listens (PUBLISH reaches nobody) is skipped when `trust` is "1".
-local function next_waiter(queue_key, prefix, trust, now)
+-- Pop queue entries until one belongs to a live waiter and give it the next fencing token:
+-- returns its waiter, owner, lease, metadata and token, or nil when nobody live waits. Its process
+-- is told on its channel: "h <waiter> <token>" when `trust` is "1" (a single Redis, where PUBLISH
+-- counts every subscriber: the waiter holds the lock from now on, with its full lease, and a
+-- waiter whose process no longer listens is skipped), "h <waiter>" otherwise (the waiter must
+-- claim the reservation; see hand_off).
+local function next_waiter(queue_key, fence_key, prefix, trust, now)
   local entry = redis.call('LPOP', queue_key)
   while entry do
-    local x, w, o, m = parse_entry(entry)
+    local x, w, o, l, m = parse_entry(entry)
     if x and tonumber(x) > now then
-      local heard = redis.call('PUBLISH', channel_of(prefix, w), 'h ' .. w)
-      if heard > 0 or trust ~= '1' then return w, o, m end
+      local token = next_token(fence_key)
+      local message = 'h ' .. w
+      if trust == '1' then message = message .. string.format(' %d', token) end
+      local heard = redis.call('PUBLISH', channel_of(prefix, w), message)
+      if heard > 0 or trust ~= '1' then return w, o, tonumber(l), m, token end
     end
     entry = redis.call('LPOP', queue_key)
   end
@@ -118,14 +124,16 @@ end
 
 -- Give the lock to the oldest live waiter, or delete it when nobody waits.
 --
--- The lock is written for the waiter with a short claim window (claim_ms) and the waiter's
--- process is told on its channel ("h <waiter>"); the woken waiter confirms with acquire.lua,
--- which sets the full lease. A waiter whose process no longer listens (PUBLISH reaches nobody:
--- it died, or its listener is reconnecting and will make it re-check) is skipped at once when
--- `trust` is "1" (a single Redis, where PUBLISH counts every subscriber); otherwise a waiter that
--- never claims costs one claim window. The next waiter in line is told when the window ends
--- ("r <waiter> <ms>"), so it re-checks then instead of at the end of the previous holder's lease.
--- Entries whose expiry passed belong to waiters that gave up or died and are dropped.
+-- On a single Redis (`trust` "1") the waiter is handed the lock outright: full lease, and its
+-- token in the wake-up message, so it returns holding the lock without another round trip. A
+-- waiter whose process died is skipped at once (PUBLISH reached nobody).
+--
+-- Where PUBLISH cannot tell (a Cluster counts one node's subscribers), the lock is only reserved
+-- for the waiter for a short claim window (claim_ms) and the woken waiter confirms with
+-- acquire.lua, which sets the full lease: a waiter that died costs one claim window. The next
+-- waiter in line is told when the window ends ("r <waiter> <ms>"), so it re-checks then.
+-- Either way the record names the waiter ("w"), so a waiter that missed its message finds the
+-- lock reserved for it when it re-checks. Entries whose expiry passed are dropped.
 -- Returns the new holder's token, or false when the lock was deleted.
 -- With claim_ms "0" (independent masters, Redlock) nothing is reserved: a lock held on a
 -- majority cannot be handed over by one master, so every live waiter is told to try again now.
@@ -151,14 +159,16 @@ local function hand_off(lock_key, fence_key, queue_key, prefix, trust, claim_ms)
     redis.call('DEL', lock_key)
     return false
   end
-  local w, o, m = next_waiter(queue_key, prefix, trust, now)
+  local w, o, l, m, token = next_waiter(queue_key, fence_key, prefix, trust, now)
   if not w then
     redis.call('DEL', lock_key)
     return false
   end
-  local token = next_token(fence_key)
-  redis.call('SET', lock_key, record(o, 1, token, now, w, m), 'PX', claim_ms)
-  tell_next(queue_key, prefix, claim_ms)
+  -- The next waiter learns when the new holder's lease (or claim window) ends: it re-checks
+  -- then, should the new holder die or freeze without releasing.
+  local lease = trust == '1' and l or tonumber(claim_ms)
+  redis.call('SET', lock_key, record(o, 1, token, now, w, m), 'PX', lease)
+  tell_next(queue_key, prefix, lease)
   return token
 end
 
@@ -192,9 +202,9 @@ local function sem_touch(sem_key, rec_key)
   end
 end
 
--- Take a permit for `owner` (reserved for `waiter`, with the claim window as lease, when given).
-local function sem_take(sem_key, rec_key, fence_key, owner, lease_ms, meta, waiter, now)
-  local token = next_token(fence_key)
+-- Take a permit for `owner` (for `waiter`, with `token`, when a hand-off gives it).
+local function sem_take(sem_key, rec_key, fence_key, owner, lease_ms, meta, waiter, now, token)
+  token = token or next_token(fence_key)
   redis.call('ZADD', sem_key, now + lease_ms, token)
   redis.call('HSET', rec_key, token, record(owner, 1, token, now, waiter, meta))
   if waiter then redis.call('HSET', rec_key, 'w:' .. waiter, token) end
@@ -220,12 +230,17 @@ local function sem_hand_off(sem_key, rec_key, fence_key, queue_key, prefix, trus
   local permits = tonumber(redis.call('HGET', rec_key, 'permits')) or 1
   local handed = 0
   while redis.call('ZCARD', sem_key) < permits and redis.call('LLEN', queue_key) > 0 do
-    local w, o, m = next_waiter(queue_key, prefix, trust, now)
+    local w, o, l, m, token = next_waiter(queue_key, fence_key, prefix, trust, now)
     if not w then break end
-    sem_take(sem_key, rec_key, fence_key, o, claim_ms, m, w, now)
+    -- Single Redis: the waiter holds the permit now (full lease); else reserved until claimed.
+    local lease = trust == '1' and l or tonumber(claim_ms)
+    sem_take(sem_key, rec_key, fence_key, o, lease, m, w, now, token)
     handed = handed + 1
   end
-  if handed > 0 then tell_next(queue_key, prefix, claim_ms) end
+  if handed > 0 then
+    local first = redis.call('ZRANGE', sem_key, 0, 0, 'WITHSCORES')
+    tell_next(queue_key, prefix, math.max(1, tonumber(first[2]) - now))
+  end
   sem_touch(sem_key, rec_key)
   return handed
 end

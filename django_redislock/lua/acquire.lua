@@ -49,5 +49,5 @@ end
 local pttl = redis.call('PTTL', KEYS[1])
 if waiter == '' then return {0, pttl, ''} end
 
-local entry = enqueue(KEYS[3], tonumber(ARGV[5]), waiter, owner, ARGV[3], prev, server_ms())
+local entry = enqueue(KEYS[3], tonumber(ARGV[5]), waiter, owner, lease, ARGV[3], prev, server_ms())
 return {0, pttl, entry}

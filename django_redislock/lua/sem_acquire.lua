@@ -52,5 +52,5 @@ local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local soonest = math.max(0, tonumber(first[2]) - now)
 sem_touch(KEYS[1], KEYS[2])
 if waiter == '' then return {0, soonest, ''} end
-local entry = enqueue(KEYS[4], tonumber(ARGV[5]), waiter, owner, meta, prev, now)
+local entry = enqueue(KEYS[4], tonumber(ARGV[5]), waiter, owner, lease, meta, prev, now)
 return {0, soonest, entry}

@@ -17,6 +17,8 @@ if not score or tonumber(score) <= now or not rec or not owner_end(rec, ARGV[1])
 end
 redis.call('ZREM', KEYS[1], ARGV[2])
 redis.call('HDEL', KEYS[2], ARGV[2])
+local w = string.match(rec, ',"w":"([^"]*)",')  -- a permit handed to a waiter: its reservation
+if w then redis.call('HDEL', KEYS[2], 'w:' .. w) end
 sem_purge(KEYS[1], KEYS[2], now)
 sem_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[4], ARGV[5], now)
 return 0
