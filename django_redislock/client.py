@@ -22,10 +22,12 @@ __all__ = [
     "blocking_pop",
     "eviction_policy",
     "lock_exists",
+    "read_beat_state",
     "read_lock",
     "read_locks",
     "read_stats",
     "scan_keys",
+    "write_beat_state",
     "write_stats",
 ]
 
@@ -140,3 +142,19 @@ def eviction_policy(client: Any) -> str | None:
     info = client.info("memory")
     policy = info.get("maxmemory_policy")
     return None if policy is None else str(policy)
+
+
+def read_beat_state(client: Any, key: str) -> dict[str, str]:
+    """Every field of a beat-state hash (``HGETALL``), decoded: entry name -> JSON record."""
+    raw = client.hgetall(key)
+    return {_decoded(k): _decoded(v) for k, v in raw.items()}
+
+
+def write_beat_state(client: Any, key: str, entry: str, record: str) -> None:
+    """Record the last run of one schedule entry (``HSET``); the hash has no expiry: a weekly
+    entry must still find its last run next week."""
+    client.hset(key, entry, record)
+
+
+def _decoded(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

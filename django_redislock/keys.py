@@ -69,6 +69,10 @@ class KeySpace:
     def wake_prefix(self, name: str) -> str:
         return f"{self.namespace}:wake:{{{tag_of(name)}}}:"
 
+    def beat_state(self, lease_name: str) -> str:
+        """Hash of the last run of each schedule entry of the beats sharing a leader lease."""
+        return f"{self.namespace}:beat:{{{tag_of(lease_name)}}}"
+
     def stats(self, stats_name: str) -> str:
         return f"{self.namespace}:stats:{stats_name}"
 
