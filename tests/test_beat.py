@@ -191,6 +191,43 @@ def test_a_beat_that_loses_redis_stops_sending_says_so_and_one_resumes_after_res
     )
 
 
+@pytest.mark.slow
+def test_a_leader_whose_lease_is_force_released_stops_and_the_standby_takes_over(
+    fleet: Fleet,
+) -> None:
+    fleet.schedule(tick=INTERVAL)
+    a = fleet.start("a")
+    wait_for(lambda: len(fleet.sends_by(a)) >= 2, 30, 0.05, what="the first beat to send")
+    b = fleet.start("b")
+    wait_for(lambda: "standing by" in b.output(), 30, 0.05, what="the second beat to stand by")
+
+    released_at = time.time()
+    release = subprocess.run(
+        [sys.executable, "-m", "django", "redislock", "release", "celery-beat:tests.beatapp"],
+        cwd=ROOT,
+        env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.beatapp.settings", **fleet.env),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert release.returncode == 0, release.stderr
+    wait_for(
+        lambda: "stopped scheduling: the leader lease was lost" in a.output(),
+        LEASE + 2,
+        0.02,
+        what="the leader to notice",
+    )
+    noticed = time.time() - released_at
+    first = wait_for(first_send_after(fleet, released_at), LEASE + INTERVAL + 10, 0.02)
+    assert first["pid"] == b.pid
+    wait_for(lambda: len(fleet.sends_by(b)) >= 2, 10, 0.05, what="the new leader to go on")
+    assert [s for s in fleet.sends_by(a) if s["at"] > released_at + 0.3] == []
+
+    fleet.stop_all()
+    assert_one_sender_per_slot(fleet.sends(), INTERVAL)
+    print(f"\nforce-released lease noticed after {noticed:.2f}s")
+
+
 def _count_after(fleet: Fleet, moment: float) -> int:
     return sum(1 for s in fleet.sends() if s["at"] > moment)
 
@@ -234,4 +271,3 @@ def test_a_new_leader_does_not_resend_a_slot_the_dead_leader_already_sent(
     assert "took over as the leader" in standby.output()
     gap = first["at"] - last["at"]
     assert every - 0.3 <= gap <= every + 1.5, f"{gap:.2f}s after the dead leader's last send"
-
