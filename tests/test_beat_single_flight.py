@@ -1,0 +1,158 @@
+"""Per-``PeriodicTask`` "skip while still running", chosen by the schedule entry's headers: a real
+``celery beat`` with ``LeaderDatabaseScheduler`` (django-celery-beat) and a real prefork worker
+running a plain ``@shared_task`` that knows nothing about locks."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+
+from django_redislock import get_lock_info
+from django_redislock.celery.periodic import HEADER, SingleFlightSpec, spec_from_header
+from tests.beat_processes import BeatProcess
+from tests.celery_workers import WorkerProcess
+from tests.conftest import ROOT, subprocess_env, wait_for
+
+DATABASE = "django_redislock.celery.beat:LeaderDatabaseScheduler"
+DURATION = 2.5  # each run; the entries are due every second
+
+
+class BeatAppWorker(WorkerProcess):
+    """A worker of ``tests.beatapp`` (its settings and database), not of ``tests.testapp``."""
+
+    def __init__(self, queue: str, env: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(queue, **kwargs)
+        self.env = env
+
+    def argv(self) -> list[str]:
+        worker = super().argv()[super().argv().index("worker") :]
+        return [sys.executable, "-m", "celery", "-A", "tests.beatapp.celery_app", *worker]
+
+    def spawn(self) -> BeatAppWorker:
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.argv(),
+                cwd=ROOT,
+                env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.beatapp.settings", **self.env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+
+@pytest.fixture
+def recorder() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+    yield client
+    client.close()
+
+
+def runs(recorder: redis.Redis, key: str) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """(start, end or None) of each run recorded under ``key``, in start order."""
+    events = [json.loads(raw) for raw in recorder.lrange(key, 0, -1)]
+    ends = {e["id"]: e for e in events if e["event"] == "end"}
+    return [(e, ends.get(e["id"])) for e in events if e["event"] == "start"]
+
+
+def overlapping(found: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> int:
+    """How many runs started before the previous one ended."""
+    return sum(
+        1
+        for (_, end), (start, _) in itertools.pairwise(found)
+        if end is None or start["at"] < end["at"]
+    )
+
+
+@pytest.mark.slow
+def test_a_periodic_task_whose_headers_ask_for_it_never_overlaps_its_previous_run(
+    tmp_path: Path, recorder: redis.Redis
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    queue, guarded, plain = f"periodic-{tag}", f"runs:guarded:{tag}", f"runs:plain:{tag}"
+    env = {
+        "REDISLOCK_TEST_DJANGO_CELERY_BEAT": "1",
+        "REDISLOCK_TEST_DB": str(tmp_path / "beat.sqlite3"),
+        "REDISLOCK_TEST_SENDS_KEY": f"sends:{tag}",
+    }
+    entries = [
+        {
+            "name": "guarded",
+            "task": "tests.beatapp.tasks.report",
+            "every": 1,
+            "args": [guarded, DURATION],
+            "queue": queue,
+            "headers": {HEADER: {"timeout": 10}},
+        },
+        {  # the control: same task, same schedule, no header
+            "name": "plain",
+            "task": "tests.beatapp.tasks.report",
+            "every": 1,
+            "args": [plain, DURATION],
+            "queue": queue,
+        },
+    ]
+    subprocess.run(
+        [sys.executable, "-m", "tests.beatapp.periodic_tasks", json.dumps(entries)],
+        cwd=ROOT,
+        env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.beatapp.settings", **env),
+        check=True,
+        timeout=60,
+    )
+    worker = BeatAppWorker(queue, env, concurrency=4).start()
+    beat = BeatProcess(tmp_path, "db", scheduler=DATABASE, env=env)
+    try:
+        beat.start()
+        first, _ = wait_for(lambda: next(iter(runs(recorder, guarded)), None), 30, 0.02)
+        # While it runs, the worker holds the entry's key for the task id (re-entered, not queued).
+        info = get_lock_info("periodic:guarded")
+        assert info is not None and info.task_id == first["id"] and not info.queued, info
+        wait_for(
+            lambda: sum(1 for _, end in runs(recorder, guarded) if end) >= 2,
+            30,
+            0.05,
+            what="two complete runs of the guarded entry",
+        )
+        assert beat.terminate() == 0
+        wait_for(lambda: all(end for _, end in runs(recorder, guarded)), 10, 0.05)
+        wait_for(lambda: get_lock_info("periodic:guarded") is None, 5, 0.02, what="the release")
+    finally:
+        beat.kill()
+        worker.stop()
+        redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(queue)
+
+    guarded_runs = runs(recorder, guarded)
+    assert overlapping(guarded_runs) == 0, guarded_runs
+    assert overlapping(runs(recorder, plain)) >= 1  # without the header, runs pile up
+    output = beat.output()
+    assert "'guarded' not sent: its previous run is still queued or running" in output, output
+    assert "'plain' not sent" not in output
+    sent = [json.loads(raw) for raw in recorder.lrange(f"sends:{tag}", 0, -1)]
+    flagged = [s["single_flight"] for s in sent if s["single_flight"]]
+    assert flagged and all(f["key"] == "periodic:guarded" and f["token"] for f in flagged)
+    assert len(flagged) == len(guarded_runs)  # every tick that was sent ran; the rest were skipped
+
+
+def test_the_header_is_true_or_an_object_of_known_options() -> None:
+    assert spec_from_header(True, "nightly") == SingleFlightSpec(key="periodic:nightly")
+    assert spec_from_header(None, "nightly") is None
+    assert spec_from_header(False, "nightly") is None
+    spec = spec_from_header({"key": "k", "timeout": 60, "queue_timeout": 3600}, "nightly")
+    assert spec == SingleFlightSpec(key="k", timeout=60.0, queue_timeout=3600.0)
+    assert spec is not None and spec.queue_lease == 3600.0
+    with pytest.raises(ValueError, match="unknown option"):
+        spec_from_header({"timeuot": 60}, "nightly")
+    with pytest.raises(ValueError, match="'timeout' must be a positive number"):
+        spec_from_header({"timeout": "60"}, "nightly")
+    with pytest.raises(ValueError, match="must be true or an object"):
+        spec_from_header("yes", "nightly")
