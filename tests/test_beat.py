@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 import redis
 from django.conf import settings
+from django.test import override_settings
 
+from django_redislock import force_release
 from tests.beat_processes import BeatProcess
 from tests.conftest import ROOT, subprocess_env, wait_for
 from tests.redis_server import RedisServer
@@ -172,7 +174,7 @@ def test_a_beat_that_loses_redis_stops_sending_says_so_and_one_resumes_after_res
     assert "Redis is unreachable" in a.output()
     time.sleep(LEASE)  # the outage lasts longer than the lease: nobody may send meanwhile
     assert "beat: not scheduling" in b.output(), fleet.logs()  # the standby says so too
-    late = [s for s in fleet.sends() if s["at"] > stopped_at + 0.3]
+    late = [s for s in fleet.sends() if s["at"] > stopped_at + 0.5]  # one proven just before
     assert late == [], late
 
     restarted_at = time.time()
@@ -201,16 +203,13 @@ def test_a_leader_whose_lease_is_force_released_stops_and_the_standby_takes_over
     b = fleet.start("b")
     wait_for(lambda: "standing by" in b.output(), 30, 0.05, what="the second beat to stand by")
 
-    released_at = time.time()
-    release = subprocess.run(
-        [sys.executable, "-m", "django", "redislock", "release", "celery-beat:tests.beatapp"],
-        cwd=ROOT,
-        env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.beatapp.settings", **fleet.env),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert release.returncode == 0, release.stderr
+    lock_cache = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": f"{fleet.lock_server.url}/0",
+    }
+    with override_settings(CACHES={**settings.CACHES, "fleet": lock_cache}):
+        released_at = time.time()
+        assert force_release("celery-beat:tests.beatapp", using="fleet")
     wait_for(
         lambda: "stopped scheduling: the leader lease was lost" in a.output(),
         LEASE + 2,
@@ -218,7 +217,8 @@ def test_a_leader_whose_lease_is_force_released_stops_and_the_standby_takes_over
         what="the leader to notice",
     )
     noticed = time.time() - released_at
-    first = wait_for(first_send_after(fleet, released_at), LEASE + INTERVAL + 10, 0.02)
+    # (a send of the old leader proven just before the release may land just after it)
+    first = wait_for(first_send_after(fleet, released_at + 0.3), LEASE + INTERVAL + 10, 0.02)
     assert first["pid"] == b.pid
     wait_for(lambda: len(fleet.sends_by(b)) >= 2, 10, 0.05, what="the new leader to go on")
     assert [s for s in fleet.sends_by(a) if s["at"] > released_at + 0.3] == []
