@@ -11,14 +11,22 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import redis
+from celery.exceptions import WorkerLostError
 from django.conf import settings
 
 from django_redislock import get_lock_info
-from django_redislock.celery.periodic import HEADER, SingleFlightSpec, spec_from_header
+from django_redislock.celery.periodic import (
+    HEADER,
+    SingleFlightSpec,
+    on_task_failure,
+    on_task_revoked,
+    spec_from_header,
+)
 from tests.beat_processes import BeatProcess
 from tests.celery_workers import WorkerProcess
 from tests.conftest import ROOT, subprocess_env, wait_for
@@ -156,3 +164,30 @@ def test_the_header_is_true_or_an_object_of_known_options() -> None:
         spec_from_header({"timeout": "60"}, "nightly")
     with pytest.raises(ValueError, match="must be true or an object"):
         spec_from_header("yes", "nightly")
+
+
+def _queued_hold(task_id: str) -> dict[str, Any]:
+    """Take the key as the scheduler does at publish; the headers its message would carry."""
+    spec = SingleFlightSpec(key="periodic:nightly", timeout=30)
+    lock = spec.lock(task_id, queued=True)
+    assert lock.acquire(blocking=False)
+    _, token = lock.detach()
+    return {HEADER: spec.published(token), "periodic_task_name": "nightly"}
+
+
+def test_a_revoked_or_expired_message_frees_its_key_in_the_worker_main_process() -> None:
+    headers = _queued_hold("task-1")
+    info = get_lock_info("periodic:nightly")
+    assert info is not None and info.task_id == "task-1" and info.queued
+    # What Celery hands to task_revoked receivers: the worker Request of the message.
+    on_task_revoked(sender=None, request=SimpleNamespace(id="task-1", request_dict=headers))
+    assert get_lock_info("periodic:nightly") is None
+
+
+def test_a_pool_child_that_died_has_its_key_freed_by_the_main_process() -> None:
+    headers = _queued_hold("task-2")
+    task = SimpleNamespace(request=SimpleNamespace(headers=headers))
+    on_task_failure(sender=task, task_id="task-2", exception=ValueError("the body failed"))
+    assert get_lock_info("periodic:nightly") is not None  # the body's own postrun releases that
+    on_task_failure(sender=task, task_id="task-2", exception=WorkerLostError("SIGKILL"))
+    assert get_lock_info("periodic:nightly") is None
