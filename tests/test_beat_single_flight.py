@@ -38,13 +38,24 @@ DURATION = 2.5  # each run; the entries are due every second
 class BeatAppWorker(WorkerProcess):
     """A worker of ``tests.beatapp`` (its settings and database), not of ``tests.testapp``."""
 
-    def __init__(self, queue: str, env: dict[str, str], **kwargs: Any) -> None:
+    def __init__(self, queue: str, env: dict[str, str], log_dir: Path, **kwargs: Any) -> None:
         super().__init__(queue, **kwargs)
         self.env = env
+        self.log = log_dir / f"{self.name}.log"
 
     def argv(self) -> list[str]:
         worker = super().argv()[super().argv().index("worker") :]
         return [sys.executable, "-m", "celery", "-A", "tests.beatapp.celery_app", *worker]
+
+    def start(self) -> BeatAppWorker:
+        """Wait for the worker's own "ready." line: a ping would go through the test process's
+        ``tests.testapp`` app, whose pooled broker connection other tests may have killed."""
+        self.spawn()
+        proc = self.proc
+        assert proc is not None
+        wait_for(lambda: proc.poll() is not None or " ready." in self.output(), 30, 0.05)
+        assert proc.poll() is None, self.output()
+        return self
 
     def spawn(self) -> BeatAppWorker:
         with open(self.log, "wb") as log:
@@ -117,7 +128,7 @@ def test_a_periodic_task_whose_headers_ask_for_it_never_overlaps_its_previous_ru
         check=True,
         timeout=60,
     )
-    worker = BeatAppWorker(queue, env, concurrency=4).start()
+    worker = BeatAppWorker(queue, env, tmp_path, concurrency=4).start()
     beat = BeatProcess(tmp_path, "db", scheduler=DATABASE, env=env)
     try:
         beat.start()
