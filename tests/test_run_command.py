@@ -178,8 +178,11 @@ def test_a_force_released_lock_kills_the_commands_process_group(
     assert len(lines) == 1, err
     assert lines[0].startswith("CommandError: redislock run: lock 'job' was lost (expired or ")
     assert f"(pid {child}) ran; stopped it so it cannot overlap the next holder." in lines[0]
-    assert term_after <= 3 / 3 + 0.5, f"SIGTERM {term_after:.2f}s after the release"
-    assert 1.0 <= kill_after <= 3 / 3 + 1.0 + 0.5, f"SIGKILL {kill_after:.2f}s after the release"
+    # Noticed within timeout / 3 (1 s); the slack is for a loaded 2-core machine.
+    assert term_after <= 3 / 3 + 1.5, f"SIGTERM {term_after:.2f}s after the release"
+    assert term_after + 1.0 - 0.1 <= kill_after <= term_after + 1.0 + 1.0, (
+        f"SIGTERM after {term_after:.2f}s, SIGKILL after {kill_after:.2f}s (grace 1 s)"
+    )
     print(f"\nforce release -> SIGTERM {term_after:.2f}s, SIGKILL {kill_after:.2f}s")
 
 
