@@ -128,9 +128,10 @@ def test_a_periodic_task_whose_headers_ask_for_it_never_overlaps_its_previous_ru
         check=True,
         timeout=60,
     )
-    worker = BeatAppWorker(queue, env, tmp_path, concurrency=4).start()
+    worker = BeatAppWorker(queue, env, tmp_path, concurrency=4)
     beat = BeatProcess(tmp_path, "db", scheduler=DATABASE, env=env)
-    try:
+    try:  # stopped by PID below even if it never got ready
+        worker.start()
         beat.start()
         first, _ = wait_for(lambda: next(iter(runs(recorder, guarded)), None), 30, 0.02)
         # While it runs, the worker holds the entry's key for the task id (re-entered, not queued).
