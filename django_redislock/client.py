@@ -23,11 +23,13 @@ __all__ = [
     "blocking_pop",
     "eviction_policy",
     "lock_exists",
+    "read_beat_state",
     "read_lock",
     "read_locks",
     "read_semaphores",
     "read_stats",
     "scan_keys",
+    "write_beat_state",
     "write_stats",
 ]
 
@@ -206,3 +208,19 @@ def eviction_policy(client: Any) -> list[str]:
     info = client.info("memory")
     nodes = info.values() if info and all(isinstance(v, dict) for v in info.values()) else [info]
     return [str(n["maxmemory_policy"]) for n in nodes if n.get("maxmemory_policy")]
+
+
+def read_beat_state(client: Any, key: str) -> dict[str, str]:
+    """Every field of a beat-state hash (``HGETALL``), decoded: entry name -> JSON record."""
+    raw = client.hgetall(key)
+    return {_decoded(k): _decoded(v) for k, v in raw.items()}
+
+
+def write_beat_state(client: Any, key: str, entry: str, record: str) -> None:
+    """Record the last run of one schedule entry (``HSET``); the hash has no expiry: a weekly
+    entry must still find its last run next week."""
+    client.hset(key, entry, record)
+
+
+def _decoded(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -80,6 +80,10 @@ class KeySpace:
         """Channels (not keys) a waiter's process listens on: this + its process token."""
         return f"{self.namespace}:wake:"
 
+    def beat_state(self, lease_name: str) -> str:
+        """Hash of the last run of each schedule entry of the beats sharing a leader lease."""
+        return f"{self.namespace}:beat:{{{tag_of(lease_name)}}}"
+
     def stats(self, stats_name: str) -> str:
         return f"{self.namespace}:stats:{stats_name}"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from celery.signals import task_revoked, worker_init
 
 from django_redislock import signals as lock_signals
-from django_redislock.celery import runs, worker
+from django_redislock.celery import periodic, runs, worker
 from django_redislock.lock import register_task_id_provider
 
 __all__ = ["celery_task_id", "connect"]
@@ -36,3 +36,5 @@ def connect() -> None:
     worker_init.connect(
         worker.check_pool, weak=False, dispatch_uid="django_redislock.celery.check_pool"
     )
+    # Single flight chosen per schedule entry by a message header (no task code changes).
+    periodic.connect()

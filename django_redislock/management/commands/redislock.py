@@ -5,6 +5,8 @@ Subcommands::
     manage.py redislock list [--match GLOB] [--sort KEY] [--json] [--using ALIAS]
     manage.py redislock release NAME [--token N] [--using ALIAS]
     manage.py redislock stats [NAME_OR_TEMPLATE] [--json] [--using ALIAS]
+    manage.py redislock run --name NAME [--wait S | --skip] [--timeout T] [--grace G]
+        [--using ALIAS] -- COMMAND [ARG ...]
 
 ``list`` prints one tab-separated line (``--json``: one JSON object) per holder, or
 "No lock is held." when there is none (nothing with ``--json`` or ``-v 0``). ``release`` exits with
@@ -18,17 +20,23 @@ logger instead.
 
 Every failure ends the command with one line on stderr and a non-zero exit (Redis unreachable:
 which cache, where, what to check), never a traceback.
+
+``run`` runs any command as a single instance across hosts (:mod:`django_redislock.management.run`):
+it exits with the command's status, 0 when busy with ``--skip``, 1 when busy otherwise (or when
+``--wait`` ran out), 75 when the lease was lost or Redis stayed unreachable and the command was
+stopped.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from argparse import ArgumentParser
+from argparse import ArgumentParser, Namespace
+from collections.abc import Sequence
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_redislock.exceptions import LockBackendError, LockError
 from django_redislock.operations import (
@@ -43,7 +51,7 @@ from django_redislock.operations import (
 
 logger = logging.getLogger("django_redislock")
 
-SUBCOMMANDS = ("list", "release", "stats")
+SUBCOMMANDS = ("list", "release", "stats", "run")
 #: Locks per SCAN page while listing without ``--sort``.
 LIST_PAGE = 500
 
@@ -62,12 +70,62 @@ def _token(value: str) -> int:
 _token.__name__ = "fencing token (a positive integer)"  # argparse shows this in its error
 
 
+def _positive_seconds(value: str) -> float:
+    """argparse type for ``--timeout``: seconds > 0."""
+    seconds = float(value)
+    if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+        raise ValueError(value)
+    return seconds
+
+
+_positive_seconds.__name__ = "number of seconds (> 0)"
+
+
+def _seconds_or_zero(value: str) -> float:
+    """argparse type for ``--wait`` and ``--grace``: seconds >= 0."""
+    seconds = float(value)
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(value)
+    return seconds
+
+
+_seconds_or_zero.__name__ = "number of seconds (>= 0)"
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}s"
 
 
 class Command(BaseCommand):
-    help = "List, force-release and show statistics of django-redislock locks."
+    help = (
+        "List, force-release and show statistics of django-redislock locks; run a command as a "
+        "single instance across hosts (run --name NAME -- COMMAND ...)."
+    )
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        """A parser that leaves everything after the first ``--`` to ``run``'s COMMAND.
+
+        argparse cannot do this itself: with an optional positional before it, a ``--`` tail after
+        options is rejected ("unrecognized arguments"), and a later ``--`` inside the command
+        would be stripped.
+        """
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parse = parser.parse_args
+
+        def parse_args(
+            args: Sequence[str] | None = None, namespace: Namespace | None = None
+        ) -> Namespace:
+            given = list(args) if args is not None else []
+            command: list[str] | None = None
+            if "--" in given:
+                split = given.index("--")
+                given, command = given[:split], given[split + 1 :]
+            options = parse(given, namespace)
+            options.command = command
+            return options
+
+        parser.parse_args = parse_args  # type: ignore[method-assign,assignment]
+        return parser
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         # One flat parser rather than argparse sub-parsers: Django's own options (--settings,
@@ -76,7 +134,7 @@ class Command(BaseCommand):
             "subcommand",
             choices=SUBCOMMANDS,
             help="list: active locks; release: force-release one lock; "
-            "stats: acquisition statistics.",
+            "stats: acquisition statistics; run: run -- COMMAND as a single instance.",
         )
         parser.add_argument(
             "name",
@@ -117,19 +175,61 @@ class Command(BaseCommand):
             default=None,
             help="CACHES alias holding the locks (default: REDISLOCK['CACHE']).",
         )
+        run = parser.add_argument_group("run --name NAME [options] -- COMMAND [ARG ...]")
+        run.add_argument(
+            "--name",
+            dest="lock_name",
+            default=None,
+            help="run: the lock that makes COMMAND a single instance across hosts.",
+        )
+        busy = run.add_mutually_exclusive_group()
+        busy.add_argument(
+            "--wait",
+            type=_seconds_or_zero,
+            default=None,
+            metavar="SECONDS",
+            help="run: when another instance holds the lock, stand by up to SECONDS for it "
+            "(woken when it ends), then exit 1. Default: exit 1 at once.",
+        )
+        busy.add_argument(
+            "--skip",
+            action="store_true",
+            help="run: when another instance holds the lock, exit 0 saying so.",
+        )
+        run.add_argument(
+            "--timeout",
+            type=_positive_seconds,
+            default=None,
+            metavar="SECONDS",
+            help="run: lease of the lock, renewed while COMMAND runs (default: "
+            "REDISLOCK['TIMEOUT']). A dead host's lock frees itself within it.",
+        )
+        run.add_argument(
+            "--grace",
+            type=_seconds_or_zero,
+            default=10.0,
+            metavar="SECONDS",
+            help="run: when the lock is lost, COMMAND's process group gets SIGTERM, then SIGKILL "
+            "after SECONDS (default 10).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         subcommand = options["subcommand"]
         misplaced = [
             flag
             for flag, dest, allowed in (
-                ("NAME", "name", ("release", "stats")),
+                ("NAME", "name", ("release", "stats", "run")),  # run: explains itself
                 ("--match", "match", ("list",)),
                 ("--sort", "sort", ("list",)),
                 ("--token", "token", ("release",)),
                 ("--json", "as_json", ("list", "stats")),
+                ("--name", "lock_name", ("run",)),
+                ("--wait", "wait", ("run",)),
+                ("--skip", "skip", ("run",)),
+                ("--timeout", "timeout", ("run",)),
+                ("a command after --", "command", ("run",)),
             )
-            if options[dest] not in (None, False) and subcommand not in allowed
+            if options.get(dest) not in (None, False) and subcommand not in allowed
         ]
         if misplaced:
             raise CommandError(
@@ -139,6 +239,8 @@ class Command(BaseCommand):
             raise CommandError(
                 "'redislock release' needs the NAME of the lock to release.", returncode=2
             )
+        if subcommand == "run":
+            self._check_run_usage(options)
         try:
             getattr(self, f"handle_{subcommand}")(**options)
         except LockBackendError as exc:
@@ -248,6 +350,124 @@ class Command(BaseCommand):
                     f"\tsuccess={rate}\tmean_wait={_seconds(row.mean_wait)}\t"
                     f"mean_hold={_seconds(row.mean_hold)}"
                 )
+
+    # -- run --------------------------------------------------------------------------------------
+    @staticmethod
+    def _check_run_usage(options: dict[str, Any]) -> None:
+        usage = "manage.py redislock run --name NAME [options] -- COMMAND [ARG ...]"
+        if options["name"]:
+            raise CommandError(
+                f"'redislock run' takes the command after --, not {options['name']!r} before "
+                f"it: {usage}",
+                returncode=2,
+            )
+        if not options.get("lock_name"):
+            raise CommandError(f"'redislock run' needs --name: {usage}", returncode=2)
+        if not options.get("command"):
+            raise CommandError(f"'redislock run' needs a command after --: {usage}", returncode=2)
+
+    def handle_run(
+        self,
+        *,
+        lock_name: str,
+        command: list[str],
+        wait: float | None,
+        skip: bool,
+        timeout: float | None,
+        grace: float,
+        using: str | None,
+        verbosity: int = 1,
+        **options: Any,
+    ) -> None:
+        from django_redislock.leader import LeaderLease
+        from django_redislock.management import run
+
+        lease = LeaderLease(lock_name, timeout=timeout, using=using)
+        if not self._acquire_for_run(lease, wait, skip, using, verbosity):
+            return
+        supervisor = run.Supervisor(
+            lease, command, grace=grace, warn=lambda line: self.stderr.write(line)
+        )
+        if verbosity >= 2:
+            self.stdout.write(
+                f"redislock run: holding lock {lock_name!r} (fencing token "
+                f"{lease.fencing_token}, lease {lease.timeout:g} s); running "
+                f"{run.describe(command)!r}."
+            )
+        try:
+            outcome = supervisor.run()
+        except OSError as exc:  # not Linux: Popen itself reports a command it cannot execute
+            self._release_after_run(lease)
+            status = run.EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else 126
+            raise CommandError(
+                f"redislock run: cannot run {command[0]!r}: {exc.strerror or exc}",
+                returncode=status,
+            ) from exc
+        released = self._release_after_run(lease)
+        if outcome.stopped is not None:
+            raise CommandError(outcome.stopped, returncode=run.EXIT_LOST)
+        if not released:
+            raise CommandError(
+                f"redislock run: lock {lock_name!r} was lost (expired or force-released) while "
+                f"{run.describe(command)!r} ran; it ended with status {outcome.status}, but its "
+                "work may have overlapped another holder's.",
+                returncode=run.EXIT_LOST,
+            )
+        if outcome.status != 0:
+            raise SystemExit(outcome.status)
+
+    def _acquire_for_run(
+        self, lease: Any, wait: float | None, skip: bool, using: str | None, verbosity: int
+    ) -> bool:
+        """Take the lease; False when busy with ``--skip``; ``CommandError`` when busy otherwise.
+
+        SIGTERM or SIGINT while standing by leave the lock's queue cleanly (exit 128 + signal).
+        """
+        import signal
+        import threading
+
+        from django_redislock.management import run
+
+        def stop_waiting(signum: int, frame: Any) -> None:
+            raise SystemExit(128 + signum)
+
+        previous: dict[int, Any] = {}
+        if wait and threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                previous[signum] = signal.signal(signum, stop_waiting)
+        try:
+            acquired = lease.acquire(wait=wait or 0.0)
+        finally:
+            for restored, handler in previous.items():
+                signal.signal(restored, handler)
+        if acquired:
+            return True
+        info = get_lock_info(lease.name, using=using)
+        holder = f" (held by {describe_holder(info)})" if info is not None else ""
+        if skip:
+            if verbosity >= 1:
+                self.stdout.write(
+                    f"Skipped: lock {lease.name!r} is busy{holder}: another instance is running."
+                )
+            return False
+        waited = f" after waiting {wait:g} s" if wait else ""
+        raise CommandError(
+            f"redislock run: lock {lease.name!r} is busy{holder}{waited}: another instance is "
+            "running. Pass --skip to exit 0 instead, or --wait SECONDS to stand by.",
+            returncode=run.EXIT_BUSY,
+        )
+
+    def _release_after_run(self, lease: Any) -> bool:
+        """Release the lease; False when it was no longer ours. Redis down: warn, True."""
+        try:
+            return bool(lease.release())
+        except LockBackendError as exc:
+            self.stderr.write(
+                f"redislock run: could not release lock {lease.name!r} "
+                f"({backend_problem(exc, using=lease.using).summary()}); it expires within "
+                f"{lease.timeout:g} s."
+            )
+            return True
 
 
 def _dumps(data: dict[str, Any]) -> str:

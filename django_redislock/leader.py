@@ -1,0 +1,202 @@
+"""Leader leases: one leader across hosts, and leadership *proven* before each action.
+
+A :class:`LeaderLease` is a :class:`~django_redislock.Lock` used as a lease by a long-running
+process (a Celery beat, ``manage.py redislock run``): the process that holds it is the leader,
+the others stand by in the lock's queue and take over when the lease is released or expires.
+
+Holding a lock is not enough to act safely: the process may have been paused, the lock may have
+expired or been force-released, Redis may be unreachable. So a leader *proves* its leadership with
+:meth:`LeaderLease.prove` right before every action that must not be done twice: one ``renew()``
+round trip, an owner-checked script that both confirms the lease is still ours and resets it to the
+full ``timeout``. The lease then cannot pass to another process for ``timeout`` seconds after the
+proof started, so an action that starts right after a proof (and ends well within ``timeout``) can
+never overlap another leader's.
+
+It is fail-closed: :attr:`LeaderLease.is_leader` is true only while
+
+- this process acquired the lease and did not step down or release it,
+- nothing reported it lost (a failed renewal by the watchdog, :meth:`prove` or a release), and
+- the last successful proof *started* less than ``timeout`` ago by this process's monotonic clock.
+
+The last rule covers an unreachable Redis: the watchdog keeps retrying a renewal that fails with a
+connection error (it only declares a lock lost when Redis says so), but a leader that cannot prove
+its lease for ``timeout`` seconds must assume another process has it by now.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from django_redislock import holds, signals
+from django_redislock.exceptions import LockNotOwnedError
+from django_redislock.lock import Lock
+
+__all__ = ["LeaderLease"]
+
+logger = logging.getLogger("django_redislock")
+
+#: ``blocking_timeout`` meaning "wait for ever", whatever ``REDISLOCK["BLOCKING_TIMEOUT"]`` says.
+FOREVER = 1e9
+
+
+class LeaderLease:
+    """A lease held by at most one process across hosts; see the module docstring.
+
+    ``LeaderLease(name, *, timeout=None, using=None)``: ``timeout`` is the lease in seconds
+    (``None``: ``REDISLOCK["TIMEOUT"]``); the watchdog renews it every ``timeout / 3`` while it is
+    held, and a proof resets it too. Every lease object has an owner id of its own, so two leases of
+    one name in one process exclude each other like two processes do.
+    """
+
+    def __init__(
+        self, name: str, *, timeout: float | None = None, using: str | None = None
+    ) -> None:
+        self.lock = Lock(
+            name,
+            timeout=timeout,
+            using=using,
+            owner=f"{holds.process_token()}-leader-{uuid.uuid4().hex[:8]}",
+            auto_renew=True,
+            reentrant=True,
+        )
+        self.name = name
+        self.using = using
+        self._held = False
+        self._valid_until = float("-inf")
+        self._proved_at = float("-inf")
+        self._lost = threading.Event()
+        self._on_lost: list[Callable[[], None]] = []
+        # Weakly connected (a bound method): a lease that is garbage collected disconnects itself.
+        signals.lock_lost.connect(self._lock_lost)
+
+    def __repr__(self) -> str:
+        state = "leader" if self.is_leader else "not leader"
+        return f"<LeaderLease {self.name!r} {state}>"
+
+    # -- state -------------------------------------------------------------------------------------
+    @property
+    def timeout(self) -> float:
+        """The lease in seconds."""
+        return self.lock.timeout
+
+    @property
+    def is_leader(self) -> bool:
+        """Held, not reported lost, and proven less than ``timeout`` ago (fail-closed)."""
+        return self._held and not self._lost.is_set() and time.monotonic() < self._valid_until
+
+    @property
+    def lost(self) -> bool:
+        """The lease was found gone (expired or force-released) while this process held it."""
+        return self._lost.is_set()
+
+    @property
+    def fencing_token(self) -> int | None:
+        """Fencing token of the current (or last) tenure: strictly greater for each new leader."""
+        return self.lock.fencing_token
+
+    def remaining(self) -> float:
+        """Seconds until the lease may pass to someone else, by the last proof (0 when unknown)."""
+        return max(0.0, self._valid_until - time.monotonic()) if self._held else 0.0
+
+    def proof_age(self) -> float:
+        """Seconds since the last successful proof started (``inf`` when never proven)."""
+        return time.monotonic() - self._proved_at
+
+    def valid_until(self) -> float:
+        """``time.monotonic()`` value at which the proven lease runs out."""
+        return self._valid_until
+
+    def on_lost(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` when the lease is found lost.
+
+        It runs in the thread that noticed (usually the watchdog thread): keep it cheap, e.g.
+        ``threading.Event.set``.
+        """
+        self._on_lost.append(callback)
+
+    # -- transitions -------------------------------------------------------------------------------
+    def acquire(self, wait: float = 0.0) -> bool:
+        """Become the leader: ``False`` when another process kept the lease for ``wait`` seconds.
+
+        ``wait=0`` tries once. A waiting process sleeps in the lock's queue and is woken by the
+        leader's release, or when the leader's lease runs out. A successful acquisition is proven
+        at once (one more round trip), so :attr:`is_leader` counts from a known point in time.
+        Raises :class:`~django_redislock.LockBackendError` when Redis is unreachable.
+        """
+        if wait > 0:
+            acquired = self.lock.acquire(blocking=True, blocking_timeout=min(wait, FOREVER))
+        else:
+            acquired = self.lock.acquire(blocking=False)
+        if not acquired:
+            return False
+        self._held = True
+        self._lost.clear()
+        try:
+            self.prove()
+        except BaseException:
+            self.step_down()
+            raise
+        return True
+
+    def prove(self) -> None:
+        """Prove and extend the lease with one owner-checked renewal round trip.
+
+        Raises :class:`~django_redislock.LockNotOwnedError` (and marks the lease lost) when it is
+        no longer ours, :class:`~django_redislock.LockBackendError` when Redis cannot tell; in both
+        cases the caller must not act as the leader. On success the lease is valid for
+        ``timeout`` seconds from the moment this call started.
+        """
+        started = time.monotonic()
+        try:
+            self.lock.renew()
+        except LockNotOwnedError:
+            self._mark_lost()
+            raise
+        self._proved_at = started
+        self._valid_until = started + self.timeout
+
+    def step_down(self) -> None:
+        """Stop being the leader here without a word to Redis (which may be unreachable).
+
+        The watchdog stops renewing the lease, so it expires within ``timeout`` unless it is
+        acquired again first (a later :meth:`acquire` re-enters our own still-valid lease).
+        """
+        self._held = False
+        self._valid_until = float("-inf")
+        self.lock.detach()
+
+    def release(self) -> bool:
+        """Give the lease up so that a standby takes over at once; whether we still held it.
+
+        Raises :class:`~django_redislock.LockBackendError` when Redis is unreachable (the lease
+        then expires within ``timeout``).
+        """
+        self._held = False
+        self._valid_until = float("-inf")
+        try:
+            self.lock.release(all_holds=True)
+        except LockNotOwnedError:
+            return False
+        return True
+
+    # -- loss --------------------------------------------------------------------------------------
+    def _lock_lost(self, sender: Any = None, *, lock: Any = None, **kwargs: Any) -> None:
+        if lock is self.lock:
+            self._mark_lost()
+
+    def _mark_lost(self) -> None:
+        if self._lost.is_set():
+            return
+        self._lost.set()
+        self._held = False
+        self._valid_until = float("-inf")
+        for callback in list(self._on_lost):
+            try:
+                callback()
+            except Exception:  # the loss itself matters more than a failing callback
+                logger.exception("django_redislock: a lost-lease callback of %r failed", self.name)
