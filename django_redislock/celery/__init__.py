@@ -34,7 +34,7 @@ connects), :mod:`.exceptions`.
 """
 
 from django_redislock.celery.exceptions import DuplicateTaskError
-from django_redislock.celery.signals import task_deduplicated, task_skipped
+from django_redislock.celery.signals import task_deduplicated, task_rescheduled, task_skipped
 from django_redislock.celery.task import SKIPPED, SingleFlightTask
 from django_redislock.celery.worker import SingleFlightRequest
 from django_redislock.naming import argument_digest
@@ -46,5 +46,6 @@ __all__ = [
     "SingleFlightTask",
     "argument_digest",
     "task_deduplicated",
+    "task_rescheduled",
     "task_skipped",
 ]
