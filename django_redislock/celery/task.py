@@ -275,7 +275,9 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         outcome = singleflight.reserve(rules, busy.key, request.id, delay=countdown)
         if isinstance(outcome, Duplicate):
             self._skip(busy.key, outcome.holder or busy.holder, busy.reason)
-        following = Ticket(busy.key, outcome.token, outcome.holds, ticket.attempt + 1)
+        # Same attempt number: this delivery never held a run-time lock, so the next one has no
+        # predecessor to wait for.
+        following = Ticket(busy.key, outcome.token, outcome.holds, ticket.attempt)
         sig = self.signature_from_request(request, args, kwargs, countdown=countdown)
         options = dict(sig.options)
         options["headers"] = {
