@@ -24,6 +24,7 @@ from celery import shared_task
 
 from django_redislock import get_lock_info, singleflight, stats
 from django_redislock.celery import SKIPPED, SingleFlightTask
+from django_redislock.operations import lock_holders
 from django_redislock.singleflight import (
     COALESCE,
     MODES,
@@ -400,6 +401,21 @@ def test_while_executing_runs_at_most_lock_permits_bodies_per_key(worker):
     assert sorted(r.state for r in results) == [SKIPPED, "SUCCESS", "SUCCESS"]
     assert max(int(n) for n in tasks.observer().lrange(f"concurrency:{key}", 0, -1)) == 2
     wait_for(lambda: held_by(key) is None, 5)
+
+
+@pytest.mark.slow
+def test_the_worker_frees_the_permit_of_a_dead_pool_child_before_its_lease_ends(worker):
+    key = f"{WHILE_EXECUTING}:dead-child"
+    result = tasks.two_permits.apply_async(("dead-child", 60), queue=QUEUE)
+    [start] = wait_starts(key)
+    [permit] = lock_holders(key)
+    assert (permit.kind, permit.permits, permit.task_id) == ("semaphore", 2, result.id)
+    os.kill(start["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    # The lease is 20 s and was renewed; billiard notices a dead child at once or within 5 s.
+    wait_for(lambda: lock_holders(key) == [], 15, what="the main process to free the permit")
+    assert time.monotonic() - killed < 10
+    wait_for(lambda: result.state == "FAILURE", 10)
 
 
 @pytest.mark.slow

@@ -310,8 +310,10 @@ MODE_TASKS = {
     mode: _mode_task(mode, lock_timeout=EXPIRED_WINDOW if mode == "until_expired" else 2.0)
     for mode in singleflight.MODES
 }
-#: At most two bodies per key at once.
-two_permits = _mode_task(singleflight.WHILE_EXECUTING, "_two_permits", lock_permits=2)
+#: At most two bodies per key at once (a long lease: shows who frees a dead child's permit).
+two_permits = _mode_task(
+    singleflight.WHILE_EXECUTING, "_two_permits", lock_timeout=20.0, lock_permits=2
+)
 #: A busy delivery is published again 0.5 s later instead of skipped.
 rescheduling = _mode_task(
     singleflight.WHILE_EXECUTING,
