@@ -7,8 +7,8 @@
 #   make matrix             oldest and newest supported Python/Django/Celery/redis-py (tox)
 #
 # The first target run creates .venv (PYTHON=... picks the interpreter) and installs the package
-# in editable mode with its test, celery, lint and bench extras; later runs reinstall only when
-# setup.cfg or pyproject.toml changed.
+# in editable mode with its test, celery, tasks, lint and bench extras; later runs reinstall only
+# when setup.cfg or pyproject.toml changed.
 
 VENV ?= .venv
 PORT ?= 8000

@@ -48,9 +48,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from django.dispatch import Signal
+
 from django_redislock.conf import MIN_LEASE, check_seconds, get_settings
 from django_redislock.engine import check_name
-from django_redislock.exceptions import LockBackendError, LockNotOwnedError
+from django_redislock.exceptions import (
+    LockBackendError,
+    LockNotAcquiredError,
+    LockNotOwnedError,
+)
 from django_redislock.lock import Lock
 from django_redislock.operations import force_release, get_lock_info, lock_holders
 from django_redislock.semaphore import Semaphore, check_permits
@@ -66,6 +72,7 @@ __all__ = [
     "WHILE_EXECUTING",
     "Busy",
     "Duplicate",
+    "DuplicateTaskError",
     "Flight",
     "FlightRules",
     "Ticket",
@@ -77,6 +84,9 @@ __all__ = [
     "reserve",
     "run_key",
     "run_owner",
+    "task_deduplicated",
+    "task_rescheduled",
+    "task_skipped",
     "unreserve",
 ]
 
@@ -97,6 +107,50 @@ ON_BUSY = ("skip", "reschedule")
 ON_DUPLICATE = ("return", "raise")
 #: Suffix of the coalesce run slot's lock name.
 RUN_SLOT_SUFFIX = ":running"
+
+
+# -- what the integrations report (Django signals, like :mod:`django_redislock.signals`) -----------
+
+#: ``task_skipped(sender=<task class>, task, task_id, key, holder, reason)``: a delivered task did
+#: not run its body (``holder``: the task id holding the key, when known; ``reason``: ``"busy"``,
+#: ``"queued"`` (coalesce: another follow-up is queued and will do the work) or
+#: ``"already-running"``). Sent in the worker, in the thread that got the task.
+task_skipped = Signal()
+#: ``task_deduplicated(sender=<task class>, task, key, existing_task_id, raised)``: a publish found
+#: the key taken and published nothing (beat ticks that overlap a running task land here). Not a
+#: failed acquisition: the statistics do not count it as one.
+task_deduplicated = Signal()
+#: ``task_rescheduled(sender=<task class>, task, task_id, key, holder, reason, countdown)``: a
+#: delivery found its key busy and, with ``lock_on_busy="reschedule"``, was published again to
+#: run in ``countdown`` seconds (Celery: same task id, not counted as a retry).
+task_rescheduled = Signal()
+
+
+class DuplicateTaskError(LockNotAcquiredError):
+    """A task with the same lock key is already queued or running; nothing was published.
+
+    ``task_id`` is the id of the queued/running task (``None`` when the key is held by code that is
+    not a task, e.g. ``distributed_lock`` on the same name); ``name`` is the lock key.
+    """
+
+    def __init__(self, task_id: str | None, name: str = "", message: str | None = None) -> None:
+        self.task_id = task_id
+        if message is None:
+            holder = f"task {task_id}" if task_id else "a holder that is not a task"
+            message = (
+                f"Lock {name!r} is held by {holder}: a task with the same key is already "
+                "queued or running, so nothing was published."
+            )
+        super().__init__(name, message)
+        self.message = message
+        # Celery's JSON result backend rebuilds exceptions as ``cls(*args)``.
+        self.args = (task_id, name, message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), self.args)
 
 
 def run_key(key: str) -> str:

@@ -4,12 +4,12 @@
 #
 #   VENV    where the venv lives (default: .venv in the repository)
 #   PYTHON  interpreter to create it with (default: the first python3.1x >= 3.10 found, python3)
-#   EXTRAS  extras to install (default: test,celery,lint,bench)
+#   EXTRAS  extras to install (default: test,celery,tasks,lint,bench)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 VENV=${VENV:-.venv}
-EXTRAS=${EXTRAS:-test,celery,lint,bench}
+EXTRAS=${EXTRAS:-test,celery,tasks,lint,bench}
 
 supported() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 10))' >/dev/null 2>&1; }
 

@@ -69,24 +69,27 @@ def _holder(key: str) -> dict[str, Any]:
 
 @contextmanager
 def observed(task: Any, key: str) -> Iterator[None]:
-    """Record start/end of a body and any overlap with another body of the same key."""
+    """Record start/end of a Celery task's body and any overlap with another body of the key."""
+    with observed_run(key, task.request.id, task.request.retries, lambda: task.lock_lost):
+        yield
+
+
+@contextmanager
+def observed_run(
+    key: str, task_id: str, retries: int = 0, lock_lost: Any = lambda: None
+) -> Iterator[None]:
+    """Record start/end of a body (any task framework) and any overlap with another of ``key``."""
     client = observer()
     running = client.incr(f"active:{key}")
     client.rpush(f"concurrency:{key}", running)
     if running > 1:
         client.rpush("overlaps", key)
-    _emit("start", key=key, task_id=task.request.id, retries=task.request.retries, **_holder(key))
+    _emit("start", key=key, task_id=task_id, retries=retries, **_holder(key))
     try:
         yield
     finally:
         client.decr(f"active:{key}")
-        _emit(
-            "end",
-            key=key,
-            task_id=task.request.id,
-            lock_lost=getattr(task, "lock_lost", None),
-            **_holder(key),
-        )
+        _emit("end", key=key, task_id=task_id, lock_lost=lock_lost(), **_holder(key))
 
 
 # -- keys only (never consumed) ----------------------------------------------------------------
