@@ -50,8 +50,10 @@ from typing import Any
 
 from django.dispatch import Signal
 
+from django_redislock import client as redis_client
 from django_redislock.conf import MIN_LEASE, check_seconds, get_settings
-from django_redislock.engine import check_name
+from django_redislock.connection import backend_errors
+from django_redislock.engine import check_name, target_for
 from django_redislock.exceptions import (
     LockBackendError,
     LockNotAcquiredError,
@@ -341,9 +343,9 @@ def reserve(
                 _release_quietly(lock)
                 return Duplicate(key, flight_id, same=True)
             return Ticket(key, token, 1)
-        info = get_lock_info(key, using=rules.using)
-        if info is not None:
-            return Duplicate(key, info.task_id, same=info.owner == flight_id)
+        holder = _lock_holder(rules, key)
+        if holder is not None:
+            return Duplicate(key, holder.task_id, same=holder.owner == flight_id)
         # Released between the two calls: try again.
     return Duplicate(key, None)
 
@@ -352,6 +354,28 @@ def unreserve(rules: FlightRules, ticket: Ticket, flight_id: str) -> None:
     """Give back the hold of a message that was not published after all (publish failed)."""
     if ticket.holds:
         _release_quietly(_publish_lock(rules, ticket.key, flight_id, rules.lease))
+
+
+@dataclass(frozen=True)
+class _Holder:
+    owner: str | None
+    task_id: str | None
+
+
+def _lock_holder(rules: FlightRules, name: str) -> _Holder | None:
+    """Who holds the *lock* ``name`` (one round trip; ``get_lock_info`` also reads semaphores).
+
+    A value that is not a lock record is a holder that is not a task.
+    """
+    target = target_for(rules.using)
+    with backend_errors(f"inspect lock {name!r}"):
+        record = redis_client.read_lock(target.client, target.keys.lock(name))
+    if record is None:
+        return None
+    if record.unreadable:
+        return _Holder(None, None)
+    task_id = record.meta.get("task_id")
+    return _Holder(record.owner, task_id if isinstance(task_id, str) else None)
 
 
 def _release_quietly(lock: Lock, *, all_holds: bool = False) -> bool:
@@ -424,8 +448,12 @@ def _run_lock(rules: FlightRules, name: str, owner: str, flight_id: str) -> Lock
 
 
 def _holder(rules: FlightRules, name: str) -> str | None:
-    info = get_lock_info(name, using=rules.using)
-    return info.task_id if info is not None else None
+    """Task id holding ``name`` (a lock, or a semaphore's oldest permit with ``permits > 1``)."""
+    if rules.permits > 1:
+        info = get_lock_info(name, using=rules.using)
+        return info.task_id if info is not None else None
+    holder = _lock_holder(rules, name)
+    return holder.task_id if holder is not None else None
 
 
 def _expected_holds(ticket: Ticket | None, token: int | None) -> int:
@@ -482,9 +510,9 @@ def begin(
         if not _release_quietly(mine, all_holds=True):
             # No publish hold of ours (a delivery that did not come through publish, or ours
             # expired): another holder means another message of the key is queued.
-            holder_info = get_lock_info(key, using=rules.using)
-            if holder_info is not None and holder_info.owner != flight_id:
-                raise Busy(key, holder_info.task_id, "busy")
+            holder = _lock_holder(rules, key)
+            if holder is not None and holder.owner != flight_id:
+                raise Busy(key, holder.task_id, "busy")
     elif mode == WHILE_EXECUTING:
         flight.run_lock = _take_run_lock(rules, key, flight_id, attempt)
     elif mode == COALESCE:
@@ -501,15 +529,15 @@ def begin(
         # Running: the follow-up slot is free again, so a publish from now on queues the next.
         _release_quietly(queue, all_holds=True)
     else:  # UNTIL_EXPIRED
-        info = get_lock_info(key, using=rules.using)
-        if info is None:
+        holder = _lock_holder(rules, key)
+        if holder is None:
             lock = _publish_lock(rules, key, flight_id, rules.lease)
             if lock.acquire(blocking=False):
                 lock.detach()  # the window runs out by itself
                 return flight
-            info = get_lock_info(key, using=rules.using)
-        if info is not None and info.owner != flight_id:
-            raise Busy(key, info.task_id, "busy")
+            holder = _lock_holder(rules, key)
+        if holder is not None and holder.owner != flight_id:
+            raise Busy(key, holder.task_id, "busy")
     return flight
 
 
