@@ -291,16 +291,24 @@ class Duplicate:
 
 
 class _QuietLock(Lock):
-    """A lock whose busy non-blocking attempts send no ``lock_acquire_failed``.
+    """A lock whose busy attempts send no ``lock_acquire_failed``.
 
-    A publish that finds the key held is a deduplication working as intended; counting it as a
-    failed acquisition made a healthy periodic task show a low success rate. The integrations
-    send their own ``task_deduplicated`` instead.
+    A publish that finds the key held is a deduplication, and a delivery that finds it held at
+    run time is skipped or rescheduled: both are single flight working as intended, reported by
+    ``task_deduplicated``/``task_skipped``/``task_rescheduled``. Counting them as failed
+    acquisitions made a healthy periodic task show a low success rate in the statistics.
 
     Stop-gap over the engine's private ``_failed``: the engine should grow a public
-    ``quiet=True`` (no ``lock_acquired``/``lock_acquire_failed``/``lock_released`` for that
-    object's own calls), after which this class is ``Lock(..., quiet=True)``.
+    ``quiet=True`` (see the report of issue 13), after which this class is
+    ``Lock(..., quiet=True)``.
     """
+
+    def _failed(self, started: float) -> bool:
+        return False
+
+
+class _QuietSemaphore(Semaphore):
+    """:class:`_QuietLock` for the ``while_executing`` permits (``lock_permits > 1``)."""
 
     def _failed(self, started: float) -> bool:
         return False
@@ -426,7 +434,7 @@ class Flight:
 
 def _run_lock(rules: FlightRules, name: str, owner: str, flight_id: str) -> Lock:
     if rules.permits > 1:
-        return Semaphore(
+        return _QuietSemaphore(
             name,
             rules.permits,
             timeout=rules.lease,
@@ -436,7 +444,7 @@ def _run_lock(rules: FlightRules, name: str, owner: str, flight_id: str) -> Lock
             task_id=flight_id,
             stats_name=rules.stats_name,
         )
-    return Lock(
+    return _QuietLock(
         name,
         timeout=rules.lease,
         auto_renew=True,
@@ -472,7 +480,7 @@ def _enter_key(rules: FlightRules, flight: Flight, ticket: Ticket | None) -> Loc
     than the message accounts for (another delivery of this message is running).
     """
     key, flight_id = flight.key, flight.flight_id
-    lock = Lock(
+    lock = _QuietLock(
         key,
         timeout=rules.lease,
         auto_renew=True,
