@@ -70,7 +70,8 @@ def _holder(key: str) -> dict[str, Any]:
 @contextmanager
 def observed(task: Any, key: str) -> Iterator[None]:
     """Record start/end of a Celery task's body and any overlap with another body of the key."""
-    with observed_run(key, task.request.id, task.request.retries, lambda: task.lock_lost):
+    lost = lambda: getattr(task, "lock_lost", None)  # noqa: E731 - a plain task has none
+    with observed_run(key, task.request.id, task.request.retries, lost):
         yield
 
 
