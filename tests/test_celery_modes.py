@@ -2,7 +2,8 @@
 
 The matrix (``MODE_TASKS`` in ``tests/testapp/tasks.py``, one task per mode, ``lock_timeout=2``):
 success, failure, ``retry()``, revoke, worker SIGKILL, same-key ``replace()``, ``send_task`` and a
-second publisher (what a second beat does: ``apply_async`` of the same key while one runs). Each
+second publisher process (what a second beat does: ``apply_async`` of the same key while one
+runs). Each
 row says what the mode promises on that path; the bodies record what they saw in Redis
 (``tasks.events()``, ``overlaps``), so every check is made from the outside.
 
@@ -13,7 +14,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,7 +39,7 @@ from django_redislock.singleflight import (
     run_key,
 )
 from tests.celery_workers import WorkerProcess
-from tests.conftest import wait_for
+from tests.conftest import ROOT, subprocess_env, wait_for
 from tests.testapp import tasks
 from tests.testapp.celery_app import app
 
@@ -340,13 +344,52 @@ def test_a_send_task_delivery_while_one_runs(worker, mode):
 
 
 # -- a second publisher (a second beat) while one runs ----------------------------------------
+class SecondPublisher:
+    """Another process that publishes the task when told to, as a second beat would (it imports
+    everything first, so its publish is not delayed by start-up)."""
+
+    def __init__(self, mode: str, name: str) -> None:
+        self.go = f"go:{uuid.uuid4().hex}"
+        code = (
+            "import django; django.setup(); from tests.testapp.celery_app import app; "
+            "from tests.testapp import tasks; app.finalize(); "
+            f"task = tasks.MODE_TASKS[{mode!r}]; task.lock_name(({name!r},)); "
+            "print('ready', flush=True); "
+            f"tasks.observer().blpop({self.go!r}, 60); "
+            f"print(task.apply_async(({name!r},), queue={QUEUE!r}).id, flush=True)"
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
+
+    def publish(self) -> Any:
+        tasks.observer().rpush(self.go, "go")
+        out = self.proc.communicate(timeout=60)[0].strip()
+        assert self.proc.returncode == 0, out
+        return app.AsyncResult(out)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
-def test_a_second_publish_while_one_runs(worker, mode):
+def test_a_second_publisher_process_while_one_runs(worker, mode):
     key = f"{mode}:beat"
-    running = publish(mode, "beat", 1.5)
-    wait_starts(key)
-    second = publish(mode, "beat")
+    other = SecondPublisher(mode, "beat")
+    try:
+        running = publish(mode, "beat", 1.5)
+        wait_starts(key)
+        second = other.publish()
+    finally:
+        other.stop()
     if mode in (UNTIL_EXECUTED, UNTIL_EXPIRED):
         assert second.id == running.id  # deduplicated
         assert running.get(timeout=10) == "done beat"
