@@ -120,9 +120,12 @@ class TasksClient:
         return reply
 
     def enqueue(
-        self, task: str, *args: Any, queue: str | None = None, **kwargs: Any
+        self, task: str, *args: Any, queue: str | None = None, raw: bool = False, **kwargs: Any
     ) -> dict[str, Any]:
-        return self.send(op="enqueue", task=task, args=list(args), kwargs=kwargs, queue=queue)
+        """Enqueue through the task (``raw``: through its backend, as ``send_task`` would)."""
+        return self.send(
+            op="enqueue", task=task, args=list(args), kwargs=kwargs, queue=queue, raw=raw
+        )
 
     def result(self, result_id: str) -> dict[str, Any]:
         return self.send(op="result", id=result_id)

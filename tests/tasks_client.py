@@ -3,7 +3,7 @@
 Runs with ``tests.testapp.tasks_settings`` (the backport's database backend on the shared SQLite
 file), which the test process itself cannot load. Commands:
 
-- ``{"op": "enqueue", "task", "args", "kwargs", "queue"}`` -> ``{"id"}`` or
+- ``{"op": "enqueue", "task", "args", "kwargs", "queue", "raw"}`` -> ``{"id"}`` or
   ``{"error", "message", "task_id"}``;
 - ``{"op": "result", "id"}`` -> the stored row;
 - ``{"op": "count", "task"}`` -> how many rows the task has.
@@ -33,7 +33,11 @@ def handle(command: dict[str, Any]) -> dict[str, Any]:
         task = getattr(background, command["task"])
         if command.get("queue"):
             task = task.using(queue_name=command["queue"])
-        result = task.enqueue(*command.get("args", []), **command.get("kwargs", {}))
+        args, kwargs = command.get("args", []), command.get("kwargs", {})
+        if command.get("raw"):  # straight to the backend, past the single-flight enqueue
+            result = task.get_backend().enqueue(task, args, kwargs)
+        else:
+            result = task.enqueue(*args, **kwargs)
         return {"id": str(result.id)}
     if op == "result":
         row = DBTaskResult.objects.get(id=command["id"])

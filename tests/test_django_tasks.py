@@ -102,8 +102,16 @@ def workers(database: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         w.stop()
 
 
-def enqueue(client: TasksClient, mode: str, name: str, *args: Any, queue: str | None = None) -> str:
-    reply = client.enqueue(background.MODE_TASKS[mode].func.__name__, name, *args, queue=queue)
+def enqueue(
+    client: TasksClient,
+    mode: str,
+    name: str,
+    *args: Any,
+    queue: str | None = None,
+    raw: bool = False,
+) -> str:
+    task = background.MODE_TASKS[mode].func.__name__
+    reply = client.enqueue(task, name, *args, queue=queue, raw=raw)
     assert "id" in reply, reply
     return str(reply["id"])
 
@@ -174,15 +182,35 @@ def test_a_run_ends_holding_what_the_mode_says(client, workers, mode, fail):
     assert again != result_id and finished(client, again)["status"] == "SUCCESSFUL"
 
 
+#: What a row written straight through the backend (past ``enqueue``: the ``send_task`` of Django
+#: tasks) ends as when a worker picks it up while another body of its key runs.
+RAW_ROW_OUTCOME = {
+    UNTIL_EXECUTED: "FAILED",  # TaskSkippedError: the key is the runner's
+    UNTIL_EXECUTING: "SUCCESSFUL",  # the key was released at start
+    WHILE_EXECUTING: "FAILED",
+    COALESCE: "SUCCESSFUL",  # becomes the follow-up and waits for the run slot
+    UNTIL_EXPIRED: "FAILED",  # one run per window
+}
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("raw", [False, True], ids=["enqueue", "backend-enqueue"])
 @pytest.mark.parametrize("mode", MODES)
-def test_an_enqueue_while_one_runs(client, workers, mode):
+def test_an_enqueue_while_one_runs(client, workers, mode, raw):
     """The second worker is free, so whatever the second enqueue publishes is picked up at once."""
-    key = f"dt-{mode}:busy"
-    running = enqueue(client, mode, "busy", 1.5)
+    name = f"busy-{int(raw)}"
+    key = f"dt-{mode}:{name}"
+    running = enqueue(client, mode, name, 1.5)
     wait_for(lambda: starts(key), 15)
-    second = enqueue(client, mode, "busy")
-    if mode in (UNTIL_EXECUTED, UNTIL_EXPIRED):
+    second = enqueue(client, mode, name, raw=raw)
+    if raw:
+        row = finished(client, second)
+        assert row["status"] == RAW_ROW_OUTCOME[mode], row
+        if row["status"] == "FAILED":
+            assert row["exception"] == f"{TaskSkippedError.__module__}.TaskSkippedError"
+            assert running in row["traceback"]
+            assert [s["task_id"] for s in starts(key)] == [running]
+    elif mode in (UNTIL_EXECUTED, UNTIL_EXPIRED):
         assert second == running  # deduplicated
     elif mode == WHILE_EXECUTING:
         # Published; the worker that picks it up finds the key busy: FAILED, TaskSkippedError.
@@ -193,9 +221,10 @@ def test_an_enqueue_while_one_runs(client, workers, mode):
     elif mode == UNTIL_EXECUTING:
         assert second != running  # the first is running, not queued: accepted, runs now
         assert finished(client, second)["status"] == "SUCCESSFUL"
-    else:  # coalesce: one follow-up (later enqueues return it), started after the first ends
+    else:  # coalesce: one follow-up (later enqueues return it)
         assert second != running
-        assert enqueue(client, mode, "busy") == second
+        assert enqueue(client, mode, name) == second
+    if mode == COALESCE:  # the follow-up starts after the first ends
         assert finished(client, second)["status"] == "SUCCESSFUL"
         first_end = next(e for e in ends(key) if e["task_id"] == running)
         follow_up = next(s for s in starts(key) if s["task_id"] == second)
