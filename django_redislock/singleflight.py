@@ -77,6 +77,7 @@ __all__ = [
     "DuplicateTaskError",
     "Flight",
     "FlightRules",
+    "TaskOptionError",
     "Ticket",
     "abandon",
     "begin",
@@ -165,6 +166,14 @@ def run_owner(flight_id: str, attempt: int) -> str:
     return f"{flight_id}#{attempt}"
 
 
+class TaskOptionError(ValueError, TypeError):
+    """A single-flight task option is invalid (raised when the task is defined).
+
+    Both a ``ValueError`` (a bad option value, as the API promises) and a ``TypeError`` (what
+    Python raises for a value of the wrong type), so ``except`` clauses written for either work.
+    """
+
+
 @dataclass(frozen=True)
 class FlightRules:
     """The validated single-flight options of one task: mode, leases, permits, reactions.
@@ -187,7 +196,7 @@ class FlightRules:
 
     @classmethod
     def validated(cls, task: str, **options: Any) -> FlightRules:
-        """Rules from task options, or ``ValueError``/``TypeError`` naming ``task`` and the option.
+        """Rules from task options, or :class:`TaskOptionError` naming ``task`` and the option.
 
         ``options`` are the keyword arguments of this class; ``None`` values take the defaults
         of ``mode``, ``permits``, ``on_busy`` and ``on_duplicate``.
@@ -195,31 +204,26 @@ class FlightRules:
         values = {name: value for name, value in options.items() if value is not None}
         rules = cls(**values)
 
-        def fail(kind: type[Exception], message: str) -> Exception:
-            return kind(f"{message} (task {task}).")
+        def fail(message: str) -> TaskOptionError:
+            return TaskOptionError(f"{message} (task {task}).")
 
         if rules.mode not in MODES:
-            raise fail(
-                ValueError, f"lock_mode must be one of {_choices(MODES)}, not {rules.mode!r}"
-            )
+            raise fail(f"lock_mode must be one of {_choices(MODES)}, not {rules.mode!r}")
         if rules.on_busy not in ON_BUSY:
             raise fail(
-                ValueError,
                 f"lock_on_busy must be one of {_choices(ON_BUSY)}, not {rules.on_busy!r}",
             )
         if rules.on_duplicate not in ON_DUPLICATE:
             raise fail(
-                ValueError,
                 f"lock_on_duplicate must be one of {_choices(ON_DUPLICATE)}, not "
                 f"{rules.on_duplicate!r}",
             )
         try:
             check_permits(rules.permits)
         except (TypeError, ValueError) as exc:
-            raise fail(type(exc), f"lock_permits: {exc}") from None
+            raise fail(f"lock_permits: {exc}") from None
         if rules.permits != 1 and rules.mode != WHILE_EXECUTING:
             raise fail(
-                ValueError,
                 f"lock_permits={rules.permits} needs lock_mode='while_executing' (the other "
                 f"modes run at most one body per key), not {rules.mode!r}",
             )
@@ -231,9 +235,9 @@ class FlightRules:
             try:
                 check_seconds(value, option, minimum=MIN_LEASE, allow_none=True)
             except (TypeError, ValueError) as exc:
-                raise fail(type(exc), str(exc)) from None
+                raise fail(str(exc)) from None
         if rules.using is not None and (not isinstance(rules.using, str) or not rules.using):
-            raise fail(TypeError, f"lock_using must be a CACHES alias or None, not {rules.using!r}")
+            raise fail(f"lock_using must be a CACHES alias or None, not {rules.using!r}")
         return rules
 
     @property

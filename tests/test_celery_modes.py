@@ -146,6 +146,7 @@ def test_bad_mode_options_fail_when_the_task_is_defined_naming_it(
     with pytest.raises(error, match=match) as caught:
         shared_task(base=SingleFlightTask, name="tests.bad_mode_options", **options)(task_body)
     assert "tests.bad_mode_options" in str(caught.value)
+    assert isinstance(caught.value, ValueError)  # as API.md promises, whatever the cause
     assert "tests.bad_mode_options" not in app.tasks
 
 
