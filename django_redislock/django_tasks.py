@@ -56,6 +56,7 @@ from django_redislock.singleflight import (
     Duplicate,
     DuplicateTaskError,
     FlightRules,
+    TaskOptionError,
     Ticket,
     delay_of,
     task_deduplicated,
@@ -97,6 +98,7 @@ else:  # the backport
 __all__ = [
     "DuplicateTaskError",
     "SingleFlightTask",
+    "TaskOptionError",
     "TaskSkippedError",
     "single_flight_task",
 ]

@@ -45,12 +45,15 @@ from django_redislock.celery.signals import task_deduplicated, task_rescheduled,
 from django_redislock.celery.task import SKIPPED, SingleFlightTask
 from django_redislock.celery.worker import SingleFlightRequest
 from django_redislock.naming import argument_digest
+from django_redislock.singleflight import MODES, TaskOptionError
 
 __all__ = [
+    "MODES",
     "SKIPPED",
     "DuplicateTaskError",
     "SingleFlightRequest",
     "SingleFlightTask",
+    "TaskOptionError",
     "argument_digest",
     "task_deduplicated",
     "task_rescheduled",
