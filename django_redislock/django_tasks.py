@@ -200,8 +200,9 @@ def _call_view(func: Callable[..., Any], takes_context: bool) -> Callable[..., A
 
 
 # -- the task -------------------------------------------------------------------------------------
+# ``Task`` is generic in the backport, not at run time in Django 6: subclass the bare class.
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SingleFlightTask(Task[P, T], Generic[P, T]):
+class SingleFlightTask(Task, Generic[P, T]):  # type: ignore[type-arg]
     """A Django task of which at most one instance per lock key is queued or running (by default).
 
     Options as :class:`django_redislock.celery.SingleFlightTask` (``lock_key``, ``lock_mode``,
@@ -328,7 +329,8 @@ class SingleFlightTask(Task[P, T], Generic[P, T]):
         """Run the body under the mode's run-time lock in a worker (elsewhere: a plain call)."""
         result = _take_running(self)
         if result is None:
-            return super().call(*args, **kwargs)
+            value: T = super().call(*args, **kwargs)
+            return value
         plain = args[1:] if self.takes_context else args
         key = self.lock_name(plain, kwargs)
         try:
@@ -336,9 +338,10 @@ class SingleFlightTask(Task[P, T], Generic[P, T]):
         except Busy as busy:
             self._not_run(busy, plain, kwargs, str(result.id))
         try:
-            return super().call(*args, **kwargs)
+            value = super().call(*args, **kwargs)
         finally:
             singleflight.end(flight)
+        return value
 
     def _not_run(self, busy: Busy, args: Any, kwargs: Any, result_id: str) -> NoReturn:
         """Skip, or reschedule, a run whose key is busy; always raises :class:`TaskSkippedError`."""
