@@ -606,5 +606,7 @@ def test_a_periodic_task_longer_than_its_interval_never_overlaps(worker, tmp_pat
     assert no_overlaps()
     assert sent >= len(starts) + 3, output  # many ticks, few runs: the rest were deduplicated
     assert "not published: lock 'beat:tick' is held by task" in output  # skipped ticks are logged
-    stats = get_stats("tests.testapp.tasks.beat_tick")  # ... and counted (flushed at beat's exit)
-    assert stats is not None and stats.failed >= sent - len(starts) - 1, (stats, sent, starts)
+    # ... and are deduplications, not failed acquisitions (flushed at beat's exit): a periodic
+    # task working exactly as intended keeps a 100 % success rate.
+    stats = get_stats("tests.testapp.tasks.beat_tick")
+    assert stats is not None and stats.acquired >= len(starts) and stats.failed == 0, stats

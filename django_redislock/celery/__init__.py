@@ -8,24 +8,31 @@ from django_redislock.celery import SingleFlightTask
 def sync(account_id, full=False): ...
 ```
 
-How the key is held, end to end (the README has the long version):
+How the key is held, end to end, in the default ``lock_mode="until_executed"`` (the README has the
+long version; every mode's publish/run start/run end is tabled in
+:mod:`django_redislock.singleflight`, of which this package is the Celery client):
 
 1. **Publish** (``apply_async``/``delay``, beat, ``delay_on_commit``): the task id is generated
    first, then the key is taken with ``owner=<task id>`` and a lease of ``lock_queue_timeout``
    plus any ``countdown``/``eta``. One round trip. Busy key: nothing is published; the caller
    gets the in-flight task's ``AsyncResult`` (or :class:`DuplicateTaskError`). The message
-   carries the key, the fencing token and the hold count in its headers (:mod:`.headers`).
+   carries the key, the fencing token, the hold count and the attempt number in its headers
+   (:mod:`.headers`).
 2. **Run**: the worker re-enters the same lock (same owner = task id) with ``auto_renew``, so the
    watchdog keeps it while the body runs. A delivery that did not come through step 1
    (``send_task``, another beat, a broker redelivery of a message that is still running) finds the
    key held by someone else, or held *more often than its headers say*, and ends as ``SKIPPED``
-   without running the body.
+   (or is rescheduled, ``lock_on_busy="reschedule"``) without running the body.
 3. **End**: every exit releases all holds of the task id in one round trip — except ``retry()`` and
    a ``replace()`` by the same key, which hand the holds over to the message they publish (same task
    id), so the key stays taken until the final attempt ends.
 4. **Crashes**: the worker's main process releases the key when a pool child dies or is terminated
    (``WorkerLostError``, ``revoke(terminate=True)``, hard time limit) and when it discards a revoked
    or expired message; a SIGKILLed worker's key expires within one ``lock_timeout``.
+
+Other modes: ``"until_executing"`` (released at run start), ``"while_executing"`` (nothing at
+publish; a lock, or a semaphore of ``lock_permits``, while the body runs), ``"coalesce"`` (one
+running + one queued follow-up) and ``"until_expired"`` (held ``lock_timeout`` from publish).
 
 Modules: :mod:`.keys` (task lock keys), :mod:`.task` (publish and run), :mod:`.worker` (the worker
 main process), :mod:`.runs` (attempts running in this process), :mod:`.headers` (what travels in
@@ -34,17 +41,21 @@ connects), :mod:`.exceptions`.
 """
 
 from django_redislock.celery.exceptions import DuplicateTaskError
-from django_redislock.celery.signals import task_deduplicated, task_skipped
+from django_redislock.celery.signals import task_deduplicated, task_rescheduled, task_skipped
 from django_redislock.celery.task import SKIPPED, SingleFlightTask
 from django_redislock.celery.worker import SingleFlightRequest
 from django_redislock.naming import argument_digest
+from django_redislock.singleflight import MODES, TaskOptionError
 
 __all__ = [
+    "MODES",
     "SKIPPED",
     "DuplicateTaskError",
     "SingleFlightRequest",
     "SingleFlightTask",
+    "TaskOptionError",
     "argument_digest",
     "task_deduplicated",
+    "task_rescheduled",
     "task_skipped",
 ]

@@ -3,7 +3,7 @@
 ``apply_async`` takes the key and writes what it took into the message; the worker compares that
 with what Redis says when it re-enters the lock, which is how it tells the message that was
 published from a second delivery of it. Celery copies custom headers into a ``retry()``, and
-:meth:`SingleFlightTask._hand_over` rewrites them for the attempt it publishes.
+:func:`django_redislock.singleflight.hand_over` rewrites them for the attempt it publishes.
 """
 
 from __future__ import annotations
@@ -11,7 +11,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["HEADERS", "HEADER_HOLDS", "HEADER_KEY", "HEADER_TOKEN", "HEADER_USING", "headers_of"]
+from django_redislock.singleflight import Ticket
+
+__all__ = [
+    "HEADERS",
+    "HEADER_ATTEMPT",
+    "HEADER_HOLDS",
+    "HEADER_KEY",
+    "HEADER_TOKEN",
+    "HEADER_USING",
+    "headers_of",
+    "ticket_headers",
+    "ticket_of",
+]
 
 #: The lock key the publisher took (the worker need not recompute it).
 HEADER_KEY = "redislock_key"
@@ -21,8 +33,11 @@ HEADER_TOKEN = "redislock_token"
 HEADER_HOLDS = "redislock_holds"
 #: ``CACHES`` alias of the lock (``None``: the default).
 HEADER_USING = "redislock_using"
+#: Attempt number of the task id (retries, replacements, reschedules): run-time locks are owned
+#: per attempt (see :mod:`django_redislock.singleflight`).
+HEADER_ATTEMPT = "redislock_attempt"
 
-HEADERS = (HEADER_KEY, HEADER_TOKEN, HEADER_HOLDS, HEADER_USING)
+HEADERS = (HEADER_KEY, HEADER_TOKEN, HEADER_HOLDS, HEADER_USING, HEADER_ATTEMPT)
 
 
 def headers_of(request: Any) -> Mapping[str, Any]:
@@ -34,3 +49,24 @@ def headers_of(request: Any) -> Mapping[str, Any]:
         return headers
     # Protocol 2 also sets custom headers as attributes of the request.
     return {name: getattr(request, name, None) for name in HEADERS}
+
+
+def ticket_headers(ticket: Ticket, using: str | None) -> dict[str, Any]:
+    """The headers that carry ``ticket`` in a message."""
+    return {
+        HEADER_KEY: ticket.key,
+        HEADER_TOKEN: ticket.token,
+        HEADER_HOLDS: ticket.holds,
+        HEADER_USING: using,
+        HEADER_ATTEMPT: ticket.attempt,
+    }
+
+
+def ticket_of(headers: Mapping[str, Any], key: str) -> Ticket:
+    """The ticket a delivered message carries (none of our headers: no hold, attempt 0)."""
+    return Ticket(
+        headers.get(HEADER_KEY) or key,
+        headers.get(HEADER_TOKEN),
+        headers.get(HEADER_HOLDS) or 0,
+        headers.get(HEADER_ATTEMPT) or 0,
+    )

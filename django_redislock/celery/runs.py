@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from django_redislock.lock import Lock
+from django_redislock.singleflight import Flight
 
 __all__ = ["Run", "add", "find", "on_lock_lost", "remove"]
 
@@ -22,15 +22,23 @@ logger = logging.getLogger("django_redislock.celery")
 
 @dataclass
 class Run:
-    """One attempt of a task in this worker: the lock it holds and how it ends."""
+    """One attempt of a task in this worker: its flight (the locks it holds) and its name."""
 
     task_name: str
-    task_id: str
-    key: str
-    lock: Lock
-    #: The holds went to a message published from the body (retry / same-key replace): the end
-    #: of this attempt must not release them.
-    handed_over: bool = False
+    flight: Flight
+
+    @property
+    def task_id(self) -> str:
+        return self.flight.flight_id
+
+    @property
+    def key(self) -> str:
+        return self.flight.key
+
+    @property
+    def handed_over(self) -> bool:
+        """The holds went to a message published from the body (retry / same-key replace)."""
+        return self.flight.handed_over
 
 
 _runs: dict[tuple[str, str], Run] = {}
@@ -58,7 +66,7 @@ def on_lock_lost(sender: Any, *, lock: Any = None, name: str = "", **kwargs: Any
     if lock is None:
         return
     with _runs_lock:
-        run = next((r for r in _runs.values() if r.lock is lock), None)
+        run = next((r for r in _runs.values() if r.flight.run_lock is lock), None)
     if run is not None:
         logger.error(
             "Task %s[%s] lost its lock %r while running (expired or force-released); another run "

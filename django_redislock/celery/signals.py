@@ -1,18 +1,12 @@
-"""Signals the Celery integration sends (Django signals, like :mod:`django_redislock.signals`).
+"""Signals the Celery integration sends: the task integrations' shared ones, defined in
+:mod:`django_redislock.singleflight` (``task_skipped``, ``task_deduplicated``,
+``task_rescheduled``; see there for their arguments). ``sender`` is the task class.
 
 Receivers of Celery's own signals and of ``lock_lost`` are in :mod:`.receivers`.
 """
 
 from __future__ import annotations
 
-from django.dispatch import Signal
+from django_redislock.singleflight import task_deduplicated, task_rescheduled, task_skipped
 
-__all__ = ["task_deduplicated", "task_skipped"]
-
-#: ``task_skipped(sender=<task class>, task, task_id, key, holder, reason)``: a delivered message
-#: did not run its body (``holder``: the task id holding the key, when known; ``reason``:
-#: ``"busy"`` or ``"already-running"``). Sent in the worker, in the thread that got the message.
-task_skipped = Signal()
-#: ``task_deduplicated(sender=<task class>, task, key, existing_task_id, raised)``: a publish found
-#: the key taken and published nothing (beat ticks that overlap a running task land here).
-task_deduplicated = Signal()
+__all__ = ["task_deduplicated", "task_rescheduled", "task_skipped"]

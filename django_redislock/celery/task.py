@@ -1,34 +1,30 @@
-"""``SingleFlightTask``: the key is taken at publish and re-entered by the worker that runs it.
+"""``SingleFlightTask``: Celery's client of :mod:`django_redislock.singleflight`.
 
-See the package docstring for the protocol end to end; the worker main process's part (children
-that die, revoked messages) is in :mod:`.worker`.
+The mode semantics (what publish, run start and run end hold) live in the neutral module; this
+class maps them onto Celery: ``apply_async`` reserves before publishing and writes the ticket into
+the message headers, ``__call__`` begins/ends the flight around the body, a busy delivery ends
+``SKIPPED`` or is rescheduled, and ``retry()``/a same-key ``replace()`` (published from inside the
+body) take the flight's hand-over. See the package docstring for the protocol end to end; the
+worker main process's part (children that die, revoked messages) is in :mod:`.worker`.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 from celery.contrib.django.task import DjangoTask
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Retry
 from celery.utils import uuid as celery_uuid
 
+from django_redislock import singleflight
 from django_redislock.celery import runs
 from django_redislock.celery.exceptions import DuplicateTaskError
-from django_redislock.celery.headers import (
-    HEADER_HOLDS,
-    HEADER_KEY,
-    HEADER_TOKEN,
-    HEADER_USING,
-    headers_of,
-)
+from django_redislock.celery.headers import HEADER_KEY, headers_of, ticket_headers, ticket_of
 from django_redislock.celery.keys import KeyFunction, key_function
-from django_redislock.celery.signals import task_deduplicated, task_skipped
-from django_redislock.exceptions import LockBackendError, LockNotOwnedError
-from django_redislock.lock import Lock
-from django_redislock.operations import get_lock_info
+from django_redislock.celery.signals import task_deduplicated, task_rescheduled, task_skipped
+from django_redislock.singleflight import Busy, Duplicate, FlightRules, Ticket, delay_of
 
 __all__ = ["SKIPPED", "SingleFlightTask"]
 
@@ -37,34 +33,31 @@ logger = logging.getLogger("django_redislock.celery")
 #: Result state of a delivery that did not run because its key was held by another run.
 SKIPPED = "SKIPPED"
 
-_DUPLICATE_CHOICES = ("return", "raise")
 _RUN_ATTR = "_redislock_run"
 
 
-def _delay_seconds(options: Mapping[str, Any]) -> float:
-    """How long the message waits before a worker may run it (countdown or eta)."""
-    countdown = options.get("countdown")
-    if countdown:
-        return max(0.0, float(countdown))
-    eta = options.get("eta")
-    if eta:
-        if isinstance(eta, str):
-            eta = dt.datetime.fromisoformat(eta)
-        now = dt.datetime.now(eta.tzinfo) if eta.tzinfo else dt.datetime.now()
-        return max(0.0, (eta - now).total_seconds())
-    return 0.0
-
-
 class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
-    """A task of which at most one instance per lock key is queued or running.
+    """A task of which at most one instance per lock key is queued or running (by default).
 
-    Options (class attributes, settable in ``@shared_task(base=SingleFlightTask, ...)``):
+    Options (class attributes, settable in ``@shared_task(base=SingleFlightTask, ...)``; all
+    validated when Celery creates the task class):
 
     - ``lock_key``: ``str.format`` template over the task's bound arguments (defaults applied), a
       callable taking the task's arguments, or ``None`` for the task name + a stable hash of the
       bound arguments.
+    - ``lock_mode``: what the key guards (:data:`~django_redislock.singleflight.MODES`):
+      ``"until_executed"`` (default: held from publish until the run ends),
+      ``"until_executing"`` (held while queued, released when a worker starts it),
+      ``"while_executing"`` (nothing at publish; at most ``lock_permits`` bodies run per key),
+      ``"coalesce"`` (at most one running and one queued: a publish while one runs queues one
+      follow-up that starts after it) or ``"until_expired"`` (held ``lock_timeout`` after publish,
+      whatever the task does).
+    - ``lock_permits``: with ``"while_executing"``, how many bodies may run at once per key.
+    - ``lock_on_busy``: a delivery whose key is busy when a worker starts it ends ``"skip"``
+      (state ``SKIPPED``) or is ``"reschedule"``-d: published again after
+      ``lock_reschedule_countdown`` seconds (default ``lock_timeout``), not counted as a retry.
     - ``lock_timeout``: lease in seconds (default: ``REDISLOCK["TIMEOUT"]``), renewed while the body
-      runs; a queued message's lease is ``lock_timeout`` plus its countdown/eta.
+      runs; ``"until_expired"``: the window.
     - ``lock_queue_timeout``: lease in seconds of a *queued* message (plus its countdown/eta);
       ``None`` (default) = ``lock_timeout``. Nobody can renew a message sitting in the broker, so
       raise it above your worst queue wait if the queue backs up: once a queued lease runs out, a
@@ -81,35 +74,39 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
     Request = "django_redislock.celery:SingleFlightRequest"
 
     lock_key: str | Callable[..., str] | None = None
+    lock_mode: str = singleflight.UNTIL_EXECUTED
+    lock_permits: int = 1
+    lock_on_busy: str = "skip"
+    lock_reschedule_countdown: float | None = None
     lock_timeout: float | None = None
     lock_queue_timeout: float | None = None
     lock_on_duplicate: str = "return"
     lock_using: str | None = None
 
     _lock_name_of: KeyFunction | None = None
+    _flight_rules: FlightRules = FlightRules()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Celery builds the task class from the decorated function with type(), so this runs when
         # the task is defined (at @shared_task/@app.task once the app is finalized, else when it
         # finalizes): a bad template or option fails there, not at the first publish.
         super().__init_subclass__(**kwargs)
-        if cls.lock_on_duplicate not in _DUPLICATE_CHOICES:
-            raise ValueError(
-                f"lock_on_duplicate must be 'return' or 'raise', not "
-                f"{cls.lock_on_duplicate!r} (task {cls.__qualname__})."
-            )
-        for option in ("lock_timeout", "lock_queue_timeout"):
-            timeout = getattr(cls, option)
-            if timeout is not None and (
-                isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
-            ):
-                raise ValueError(
-                    f"{option} must be a positive number of seconds or None, not "
-                    f"{timeout!r} (task {cls.__qualname__})."
-                )
+        name = getattr(cls, "name", None) or cls.__qualname__
+        cls._flight_rules = FlightRules.validated(
+            name,
+            mode=cls.lock_mode,
+            timeout=cls.lock_timeout,
+            queue_timeout=cls.lock_queue_timeout,
+            permits=cls.lock_permits,
+            on_busy=cls.lock_on_busy,
+            on_duplicate=cls.lock_on_duplicate,
+            reschedule_countdown=cls.lock_reschedule_countdown,
+            using=cls.lock_using,
+            stats_name=getattr(cls, "name", None),
+        )
         cls._lock_name_of = key_function(cls, cls.lock_key)
 
-    # -- keys and leases -----------------------------------------------------------------------
+    # -- keys ----------------------------------------------------------------------------------
     def lock_name(self, args: Any = None, kwargs: Any = None) -> str:
         """The lock key of a call with ``args``/``kwargs`` (``TypeError`` if they do not fit)."""
         name_of = type(self)._lock_name_of
@@ -117,40 +114,16 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
             raise TypeError(f"{type(self).__qualname__} has no run() to derive a lock key from")
         return name_of(self, tuple(args or ()), dict(kwargs or {}))
 
-    def _lease(self) -> float:
-        if self.lock_timeout is not None:
-            return float(self.lock_timeout)
-        from django_redislock.conf import get_settings
-
-        return get_settings().timeout
-
-    def _queue_lease(self, options: Mapping[str, Any]) -> float:
-        """Lease of a message waiting in the broker: queue timeout + its countdown/eta."""
-        queued = self.lock_queue_timeout
-        return (float(queued) if queued is not None else self._lease()) + _delay_seconds(options)
-
-    def _lock(
-        self, key: str, task_id: str, timeout: float, *, auto_renew: bool, queued: bool = False
-    ) -> Lock:
-        """The task id's lock on ``key``. ``queued``: taken for a message that is about to wait in
-        the broker, so ``list_locks`` shows this process as its publisher, labelled queued; the
-        worker that runs it re-enters without ``queued`` and shows itself instead."""
-        return Lock(
-            key,
-            timeout=timeout,
-            auto_renew=auto_renew,
-            using=self.lock_using,
-            owner=task_id,
-            task_id=task_id,
-            queued=queued,
-            stats_name=self.name,
-        )
+    @property
+    def flight_rules(self) -> FlightRules:
+        """The task's validated single-flight options."""
+        return type(self)._flight_rules
 
     @property
     def lock_lost(self) -> bool:
         """True when the running attempt lost its lock (expired or force-released) mid-run."""
         run: runs.Run | None = vars(self.request).get(_RUN_ATTR)
-        return bool(run is not None and not run.handed_over and run.lock.lost)
+        return bool(run is not None and run.flight.lost)
 
     # -- publish -------------------------------------------------------------------------------
     def apply_async(
@@ -165,80 +138,78 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         **options: Any,
     ) -> Any:
         key = self.lock_name(args, kwargs)
+        rules = self.flight_rules
+        publish = {"producer": producer, "link": link, "link_error": link_error, "shadow": shadow}
         run = runs.find(task_id, key)
         if run is not None and not run.handed_over:
-            return self._hand_over(run, args, kwargs, producer, link, link_error, shadow, options)
+            return self._publish_next_attempt(run, args, kwargs, publish, options)
         explicit_id = task_id is not None
         task_id = task_id or celery_uuid()
-        lock = self._lock(key, task_id, self._queue_lease(options), auto_renew=False, queued=True)
-        for _ in range(3):
-            if lock.acquire(blocking=False):
-                count, token = lock.detach()  # before publishing: a local worker may start it
-                if count > 1:  # this very task id is already queued or running
-                    self._release_quietly(lock)
-                    return self._duplicate(
-                        key,
-                        task_id,
-                        explicit_id=False,
-                        link=link,
-                        link_error=link_error,
-                        options=options,
-                    )
-                headers = dict(options.pop("headers", None) or {})
-                headers.update(
-                    {
-                        HEADER_KEY: key,
-                        HEADER_TOKEN: token,
-                        HEADER_HOLDS: 1,
-                        HEADER_USING: self.lock_using,
-                    }
-                )
-                try:
-                    return super().apply_async(
-                        args,
-                        kwargs,
-                        task_id=task_id,
-                        producer=producer,
-                        link=link,
-                        link_error=link_error,
-                        shadow=shadow,
-                        headers=headers,
-                        **options,
-                    )
-                except BaseException:
-                    # Not published (or unknown): free the key before the error propagates.
-                    self._release_quietly(lock)
-                    raise
-            info = get_lock_info(key, using=self.lock_using)
-            if info is not None:
-                return self._duplicate(
-                    key,
-                    info.task_id,
-                    explicit_id=explicit_id,
-                    link=link,
-                    link_error=link_error,
-                    options=options,
-                    own_id=task_id,
-                )
-            # Released between the two calls: try again.
-        raise DuplicateTaskError(
-            None, key, f"Lock {key!r} kept changing hands; nothing was published. Try again."
+        outcome = singleflight.reserve(rules, key, task_id, delay=delay_of(options))
+        if isinstance(outcome, Duplicate):
+            return self._duplicate(
+                outcome, own_id=task_id, explicit_id=explicit_id, publish=publish, options=options
+            )
+        try:
+            return self._publish(outcome, args, kwargs, task_id, publish, options)
+        except BaseException:
+            # Not published (or unknown): free the key before the error propagates.
+            singleflight.unreserve(rules, outcome, task_id)
+            raise
+
+    def _publish(
+        self,
+        ticket: Ticket,
+        args: Any,
+        kwargs: Any,
+        task_id: str,
+        publish: Mapping[str, Any],
+        options: dict[str, Any],
+    ) -> Any:
+        headers = dict(options.pop("headers", None) or {})
+        headers.update(ticket_headers(ticket, self.lock_using))
+        return super().apply_async(
+            args, kwargs, task_id=task_id, headers=headers, **publish, **options
         )
+
+    def _publish_next_attempt(
+        self,
+        run: runs.Run,
+        args: Any,
+        kwargs: Any,
+        publish: Mapping[str, Any],
+        options: dict[str, Any],
+    ) -> Any:
+        """Publish a retry (or a same-key replacement) of the running attempt ``run``.
+
+        ``until_executed`` hands its holds over (never dropped in between, so no other publish
+        slips in, and the next attempt finds exactly the count the headers announce); the other
+        modes take what the mode takes for a queued message, if it is free.
+        """
+        flight = run.flight
+        ticket = singleflight.hand_over(flight, delay=delay_of(options))
+        try:
+            return self._publish(ticket, args, kwargs, flight.flight_id, publish, options)
+        except BaseException:
+            if flight.handed_over:  # the end of this attempt releases every hold after all
+                flight.handed_over = False
+            else:
+                singleflight.unreserve(self.flight_rules, ticket, flight.flight_id)
+            raise
 
     def _duplicate(
         self,
-        key: str,
-        existing: str | None,
+        duplicate: Duplicate,
         *,
+        own_id: str,
         explicit_id: bool,
-        link: Any,
-        link_error: Any,
+        publish: Mapping[str, Any],
         options: Mapping[str, Any],
-        own_id: str | None = None,
     ) -> Any:
+        key, existing = duplicate.key, duplicate.holder
         in_canvas = bool(
-            link
-            or link_error
+            publish.get("link")
+            or publish.get("link_error")
             or options.get("chain")
             or options.get("chord")
             or options.get("group_id")
@@ -262,116 +233,82 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
             raise DuplicateTaskError(existing, key)
         return self.AsyncResult(existing)
 
-    def _hand_over(
-        self,
-        run: runs.Run,
-        args: Any,
-        kwargs: Any,
-        producer: Any,
-        link: Any,
-        link_error: Any,
-        shadow: Any,
-        options: dict[str, Any],
-    ) -> Any:
-        """Publish a retry (or a same-key replacement) that inherits this attempt's holds.
-
-        The holds are never dropped in between, so no other publish can slip in, and the next
-        attempt finds exactly the count the headers announce, whenever this attempt finishes.
-
-        The hand-over re-enters the lock (one more hold, ``queued``, with the queued lease)
-        instead of only renewing it: until a worker starts the next attempt, ``list_locks`` shows
-        the message as queued, published by this process, like any other queued task.
-        """
-        run.lock.detach()  # the watchdog must not renew (shorten) the queued lease set below
-        headers = dict(options.pop("headers", None) or {})
-        headers.update(
-            {
-                HEADER_KEY: run.key,
-                HEADER_TOKEN: None,
-                HEADER_HOLDS: 0,
-                HEADER_USING: self.lock_using,
-            }
-        )
-        queued = self._lock(
-            run.key, run.task_id, self._queue_lease(options), auto_renew=False, queued=True
-        )
-        if queued.acquire(blocking=False):
-            holds, held_token = queued.detach()
-            headers.update({HEADER_TOKEN: held_token, HEADER_HOLDS: holds})
-            if holds == 1:  # a fresh hold, not a re-entry: ours had expired or been released
-                logger.warning(
-                    "Task %s[%s] lost lock %r while it ran; it was free, so the message it "
-                    "publishes takes it anew.",
-                    self.name,
-                    run.task_id,
-                    run.key,
-                )
-        else:
-            logger.warning(
-                "Task %s[%s] hands over lock %r, but it was lost and is held by another "
-                "holder now: the message it publishes will be skipped while that holds it.",
-                self.name,
-                run.task_id,
-                run.key,
-            )
-        result = super().apply_async(
-            args,
-            kwargs,
-            task_id=run.task_id,
-            producer=producer,
-            link=link,
-            link_error=link_error,
-            shadow=shadow,
-            headers=headers,
-            **options,
-        )
-        run.handed_over = True
-        return result
-
-    @staticmethod
-    def _release_quietly(lock: Lock, *, all_holds: bool = False) -> bool:
-        try:
-            lock.release(all_holds=all_holds)
-        except LockNotOwnedError:
-            return False
-        return True
-
     # -- run -----------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
         if request.called_directly:
             # A plain function call (``sync(1)``), not a delivery: no lock, as documented.
             return super().__call__(*args, **kwargs)
-        run = self._start_run(request, args, kwargs)
+        run = runs.Run(self.name, self._begin(request, args, kwargs))
+        runs.add(run)
+        vars(request)[_RUN_ATTR] = run  # per request, so per thread in a threads-pool worker
         try:
             # The tracer already pushed this task and its request; Task.__call__ would push a bare
             # request over it (Celery patches that away only in `celery worker` processes).
             return self.run(*args, **kwargs)
         finally:
-            self._end_run(run)
+            runs.remove(run)
+            vars(request).pop(_RUN_ATTR, None)
+            singleflight.end(run.flight)
 
-    def _start_run(self, request: Any, args: Any, kwargs: Any) -> runs.Run:
+    def _begin(self, request: Any, args: Any, kwargs: Any) -> singleflight.Flight:
         headers = headers_of(request)
         key = headers.get(HEADER_KEY) or self.lock_name(args, kwargs)
-        task_id = request.id
-        lock = self._lock(key, task_id, self._lease(), auto_renew=True)
-        if not lock.acquire(blocking=False):
-            info = get_lock_info(key, using=self.lock_using)
-            # Released in between: one more try, else skip.
-            if info is not None or not lock.acquire(blocking=False):
-                self._skip(key, info.task_id if info else None, "busy")
-        count, token = lock.hold_count, lock.fencing_token
-        announced = headers.get(HEADER_HOLDS) or 0
-        expected = announced + 1 if token == headers.get(HEADER_TOKEN) and announced else 1
-        if count > expected:
-            # Our own task id holds it more often than this message's headers say: another
-            # delivery of this same message is running (broker redelivery, duplicate send_task).
-            self._release_quietly(lock)
-            self._skip(key, task_id, "already-running")
-        run = runs.Run(self.name, task_id, key, lock)
-        runs.add(run)
-        vars(request)[_RUN_ATTR] = run  # per request, so per thread in a threads-pool worker
-        return run
+        ticket = ticket_of(headers, key)
+        try:
+            return singleflight.begin(
+                self.flight_rules, key, request.id, ticket, attempt=ticket.attempt
+            )
+        except Busy as busy:
+            if self.lock_on_busy == "reschedule" and busy.reason != "already-running":
+                self._reschedule(request, args, kwargs, busy, ticket)
+            self._skip(busy.key, busy.holder, busy.reason)
+
+    def _reschedule(
+        self, request: Any, args: Any, kwargs: Any, busy: Busy, ticket: Ticket
+    ) -> NoReturn:
+        """Publish this delivery again after the reschedule countdown (same task id, same
+        ``retries``: not counted against ``max_retries``), through the mode's publish step; a
+        publish that finds the key queued already is covered by that message: skipped."""
+        rules = self.flight_rules
+        countdown = rules.reschedule_delay()
+        outcome = singleflight.reserve(rules, busy.key, request.id, delay=countdown)
+        if isinstance(outcome, Duplicate):
+            self._skip(busy.key, outcome.holder or busy.holder, busy.reason)
+        # Same attempt number: this delivery never held a run-time lock, so the next one has no
+        # predecessor to wait for.
+        following = Ticket(busy.key, outcome.token, outcome.holds, ticket.attempt)
+        sig = self.signature_from_request(request, args, kwargs, countdown=countdown)
+        options = dict(sig.options)
+        options["headers"] = {
+            **dict(options.get("headers") or {}),
+            **ticket_headers(following, self.lock_using),
+        }
+        try:
+            super().apply_async(sig.args, sig.kwargs, **options)
+        except BaseException:
+            singleflight.unreserve(rules, outcome, request.id)
+            raise
+        logger.info(
+            "Task %s[%s] rescheduled in %ss: lock %r is held by %s (%s).",
+            self.name,
+            request.id,
+            countdown,
+            busy.key,
+            f"task {busy.holder}" if busy.holder else "another holder",
+            busy.reason,
+        )
+        task_rescheduled.send_robust(
+            type(self),
+            task=self,
+            task_id=request.id,
+            key=busy.key,
+            holder=busy.holder,
+            reason=busy.reason,
+            countdown=countdown,
+        )
+        when: Any = countdown  # celery-types wants numbers.Real, which mypy cannot match a float to
+        raise Retry(f"lock {busy.key!r} is busy: rescheduled", when=when, sig=sig)
 
     def _skip(self, key: str, holder: str | None, reason: str) -> NoReturn:
         """End this delivery without running the body: state ``SKIPPED``, log, signal, Ignore."""
@@ -395,29 +332,3 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
             type(self), task=self, task_id=task_id, key=key, holder=holder, reason=reason
         )
         raise Ignore(f"skipped: lock {key!r} is held by {holder or 'another holder'}")
-
-    def _end_run(self, run: runs.Run) -> None:
-        runs.remove(run)
-        vars(self.request).pop(_RUN_ATTR, None)
-        if run.handed_over:
-            return
-        try:
-            released = self._release_quietly(run.lock, all_holds=True)
-        except LockBackendError:
-            logger.warning(
-                "Task %s[%s] could not release lock %r; it expires within %ss.",
-                self.name,
-                run.task_id,
-                run.key,
-                self._lease(),
-                exc_info=True,
-            )
-            return
-        if not released:
-            logger.error(
-                "Task %s[%s] finished without its lock %r (expired or force-released "
-                "while it ran).",
-                self.name,
-                run.task_id,
-                run.key,
-            )

@@ -2,7 +2,9 @@
 
 A body releases its own key when it ends. It cannot when its pool child dies (SIGKILL, OOM), is
 terminated (``revoke(terminate=True)``, hard time limit), or when the message never reaches a
-child (revoked or expired before it started): the worker's main process releases it then.
+child (revoked or expired before it started): the worker's main process releases it then, as
+the task's mode says (:func:`django_redislock.singleflight.abandon`; ``until_expired`` keeps its
+window whatever happens).
 
 At start-up (``worker_init``) a greenlet pool on which concurrent tasks would share one lock
 owner is refused (:func:`check_pool`).
@@ -18,10 +20,10 @@ from billiard.exceptions import Terminated
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 
-from django_redislock.celery.headers import HEADER_KEY, HEADER_USING, headers_of
+from django_redislock import singleflight
+from django_redislock.celery.headers import HEADER_ATTEMPT, HEADER_KEY, headers_of
 from django_redislock.celery.task import SingleFlightTask
-from django_redislock.exceptions import LockBackendError, LockNotOwnedError
-from django_redislock.lock import Lock
+from django_redislock.exceptions import LockBackendError
 
 __all__ = [
     "SingleFlightRequest",
@@ -37,8 +39,8 @@ logger = logging.getLogger("django_redislock.celery")
 def release_for_request(
     task: Any, task_id: str | None, request: Any, args: Any = None, kwargs: Any = None
 ) -> bool:
-    """Release every hold of ``task_id`` on its key; for code that outlives the run (revoke,
-    a dead pool child). Returns whether something was released."""
+    """Free what ``task_id`` holds for its mode (:func:`singleflight.abandon`); for code that
+    outlives the run (revoke, a dead pool child). Returns whether something was released."""
     if not isinstance(task, SingleFlightTask) or not task_id:
         return False
     headers = headers_of(request) if request is not None else {}
@@ -52,11 +54,10 @@ def release_for_request(
             exc_info=True,
         )
         return False
-    lock = Lock(key, owner=task_id, using=headers.get(HEADER_USING) or task.lock_using)
     try:
-        lock.release(all_holds=True)
-    except LockNotOwnedError:
-        return False
+        released = singleflight.abandon(
+            task.flight_rules, key, task_id, attempt=headers.get(HEADER_ATTEMPT) or 0
+        )
     except LockBackendError:
         logger.warning(
             "Could not release lock %r of %s[%s]; it expires within its lease.",
@@ -66,8 +67,9 @@ def release_for_request(
             exc_info=True,
         )
         return False
-    logger.info("Released lock %r of %s[%s] for the worker.", key, task.name, task_id)
-    return True
+    if released:
+        logger.info("Released lock %r of %s[%s] for the worker.", key, task.name, task_id)
+    return released
 
 
 _CHILD_GONE = (WorkerLostError, Terminated, TimeLimitExceeded, SystemExit, KeyboardInterrupt)

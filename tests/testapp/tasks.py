@@ -6,6 +6,10 @@ check from the outside what ran where and whether two runs of one key ever overl
 - ``events``   list of JSON objects ``{"event": "start"|"end", "key", "task_id", "pid", ...}``
 - ``active:<key>`` number of bodies of ``key`` running right now
 - ``overlaps`` list of keys whose bodies ran concurrently (must stay empty)
+- ``concurrency:<key>`` list of how many bodies of ``key`` ran at each start (its max: the peak)
+
+``MODE_TASKS[mode]`` is one task per ``lock_mode`` (key ``"<mode>:{name}"``, ``lock_timeout=2``)
+whose body can sleep, fail, retry and replace itself, for the mode x delivery-path matrix.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from celery import shared_task
 from celery.exceptions import Ignore, Reject
 from django.conf import settings
 
-from django_redislock import Lock, force_release, get_lock_info
+from django_redislock import Lock, force_release, get_lock_info, singleflight
 from django_redislock.celery import SingleFlightTask
 from tests.conftest import wait_for
 
@@ -65,22 +69,28 @@ def _holder(key: str) -> dict[str, Any]:
 
 @contextmanager
 def observed(task: Any, key: str) -> Iterator[None]:
-    """Record start/end of a body and any overlap with another body of the same key."""
+    """Record start/end of a Celery task's body and any overlap with another body of the key."""
+    lost = lambda: getattr(task, "lock_lost", None)  # noqa: E731 - a plain task has none
+    with observed_run(key, task.request.id, task.request.retries, lost):
+        yield
+
+
+@contextmanager
+def observed_run(
+    key: str, task_id: str, retries: int = 0, lock_lost: Any = lambda: None
+) -> Iterator[None]:
+    """Record start/end of a body (any task framework) and any overlap with another of ``key``."""
     client = observer()
-    if client.incr(f"active:{key}") > 1:
+    running = client.incr(f"active:{key}")
+    client.rpush(f"concurrency:{key}", running)
+    if running > 1:
         client.rpush("overlaps", key)
-    _emit("start", key=key, task_id=task.request.id, retries=task.request.retries, **_holder(key))
+    _emit("start", key=key, task_id=task_id, retries=retries, **_holder(key))
     try:
         yield
     finally:
         client.decr(f"active:{key}")
-        _emit(
-            "end",
-            key=key,
-            task_id=task.request.id,
-            lock_lost=getattr(task, "lock_lost", None),
-            **_holder(key),
-        )
+        _emit("end", key=key, task_id=task_id, lock_lost=lock_lost(), **_holder(key))
 
 
 # -- keys only (never consumed) ----------------------------------------------------------------
@@ -251,3 +261,84 @@ def plain(value: Any = None) -> Any:
     """An ordinary task: callback target, replacement and benchmark baseline."""
     _emit("plain", value=value)
     return value
+
+
+# -- one task per lock_mode ----------------------------------------------------------------------
+MODE_LOCK_TIMEOUT = 2.0
+#: The until_expired window: long enough to look at it after a short run on a loaded machine.
+EXPIRED_WINDOW = 4.0
+
+
+def _mode_task(
+    mode: str, suffix: str = "", lock_timeout: float = MODE_LOCK_TIMEOUT, **options: Any
+) -> Any:
+    """The matrix task of ``mode``: ``body(name, seconds, fail, retries, countdown, replace)``."""
+
+    def body(
+        self: Any,
+        name: str,
+        seconds: float = 0.0,
+        fail: bool = False,
+        retries: int = 0,
+        countdown: float = 0.0,
+        replace: bool = False,
+    ) -> str:
+        key = f"{mode}:{name}"
+        with observed(self, key):
+            time.sleep(seconds)
+            if fail:
+                raise ValueError(f"{key} failed on purpose")
+        if self.request.retries < retries:
+            raise self.retry(countdown=countdown)
+        if replace:
+            # On the queue this delivery came from, so the same worker gets the replacement.
+            queue = (self.request.delivery_info or {}).get("routing_key") or "celery"
+            return self.replace(self.si(name, 0.3).set(queue=queue))
+        return f"done {name}"
+
+    body.__name__ = body.__qualname__ = f"mode_{mode}{suffix}"
+    body.__module__ = __name__
+    return shared_task(
+        bind=True,
+        base=SingleFlightTask,
+        name=f"{__name__}.mode_{mode}{suffix}",
+        lock_key=f"{mode}:{{name}}",
+        lock_mode=mode,
+        lock_timeout=lock_timeout,
+        max_retries=3,
+        **options,
+    )(body)
+
+
+MODE_TASKS = {
+    mode: _mode_task(mode, lock_timeout=EXPIRED_WINDOW if mode == "until_expired" else 2.0)
+    for mode in singleflight.MODES
+}
+#: At most two bodies per key at once (a long lease: shows who frees a dead child's permit).
+two_permits = _mode_task(
+    singleflight.WHILE_EXECUTING, "_two_permits", lock_timeout=20.0, lock_permits=2
+)
+#: A busy delivery is published again 0.5 s later instead of skipped.
+rescheduling = _mode_task(
+    singleflight.WHILE_EXECUTING,
+    "_rescheduling",
+    lock_on_busy="reschedule",
+    lock_reschedule_countdown=0.5,
+)
+
+
+def _unconsumed_mode_task(mode: str) -> Any:
+    def unconsumed(x: int) -> None:
+        """Never consumed: what a publish of the mode costs and holds."""
+
+    unconsumed.__name__ = unconsumed.__qualname__ = f"unconsumed_mode_{mode}"
+    return shared_task(
+        base=SingleFlightTask,
+        name=f"{__name__}.unconsumed_mode_{mode}",
+        lock_key=f"cost-{mode}:{{x}}",
+        lock_mode=mode,
+        lock_timeout=30,
+    )(unconsumed)
+
+
+UNCONSUMED_MODE_TASKS = {mode: _unconsumed_mode_task(mode) for mode in singleflight.MODES}

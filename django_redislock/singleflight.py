@@ -1,0 +1,692 @@
+"""Single-flight semantics shared by the task integrations: what publish, run start and run end do.
+
+A *flight* is one unit of work identified by a ``flight_id`` (a Celery task id, a Django task
+result id): the integrations (:mod:`django_redislock.celery`, :mod:`django_redislock.django_tasks`)
+derive a lock *key* from the task's arguments and call this module at three points:
+
+- :func:`reserve` when a message is about to be published, **before** it exists (a worker may start
+  it at once). It answers a :class:`Ticket` (what the message carries: the hold it took) or a
+  :class:`Duplicate` (publish nothing).
+- :func:`begin` when a worker starts the body; it answers a :class:`Flight` or raises :class:`Busy`
+  (the framework then skips or reschedules the delivery).
+- :func:`end` when the body ended, :func:`hand_over` when the body publishes its own next attempt
+  (``retry()``, a same-key ``replace()``), :func:`abandon` when the process that ran it cannot
+  (a dead Celery pool child, a revoked message).
+
+What each mode holds (``key``: the task's lock key; ``run slot``: ``key + ":running"``):
+
+===================  =========================  ==========================  =====================
+mode                 publish                    run start                   run end
+===================  =========================  ==========================  =====================
+``until_executed``   take ``key`` (queued)      re-enter ``key``, renewed   release ``key``
+``until_executing``  take ``key`` (queued)      release ``key``             --
+``while_executing``  --                         take ``key`` (lock, or a    release it
+                                                semaphore of ``permits``)
+``coalesce``         take ``key`` (queued)      re-enter ``key``; take the  release the run slot
+                                                run slot (waiting for the
+                                                running one); release
+                                                ``key``
+``until_expired``    take ``key`` for           check ``key`` is ours (or   --
+                     ``lock_timeout``           free: take it)
+===================  =========================  ==========================  =====================
+
+Owners: publish-time holds belong to the flight id, so the worker re-enters what the publisher
+took. Run-time locks (``while_executing``, the coalesce run slot) belong to
+``"<flight id>#<attempt>"``: a retry is another attempt of the same flight, which must not re-enter
+its predecessor's lock while that one is still releasing it, whereas a second delivery of the same
+message (same attempt) does re-enter it and is recognised as already running.
+
+Publish-time attempts are *quiet*: a key found busy at publish is a deduplication, reported by
+the integrations' ``task_deduplicated`` signal, not a failed acquisition in the statistics.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django.dispatch import Signal
+
+from django_redislock import client as redis_client
+from django_redislock.conf import MIN_LEASE, check_seconds, get_settings
+from django_redislock.connection import backend_errors
+from django_redislock.engine import check_name, target_for
+from django_redislock.exceptions import (
+    LockBackendError,
+    LockNotAcquiredError,
+    LockNotOwnedError,
+)
+from django_redislock.lock import Lock
+from django_redislock.operations import force_release, get_lock_info, lock_holders
+from django_redislock.semaphore import Semaphore, check_permits
+
+__all__ = [
+    "COALESCE",
+    "MODES",
+    "ON_BUSY",
+    "ON_DUPLICATE",
+    "UNTIL_EXECUTED",
+    "UNTIL_EXECUTING",
+    "UNTIL_EXPIRED",
+    "WHILE_EXECUTING",
+    "Busy",
+    "Duplicate",
+    "DuplicateTaskError",
+    "Flight",
+    "FlightRules",
+    "TaskOptionError",
+    "Ticket",
+    "abandon",
+    "begin",
+    "delay_of",
+    "end",
+    "hand_over",
+    "reserve",
+    "run_key",
+    "run_owner",
+    "task_deduplicated",
+    "task_rescheduled",
+    "task_skipped",
+    "unreserve",
+]
+
+logger = logging.getLogger("django_redislock.singleflight")
+
+UNTIL_EXECUTED = "until_executed"
+UNTIL_EXECUTING = "until_executing"
+WHILE_EXECUTING = "while_executing"
+COALESCE = "coalesce"
+UNTIL_EXPIRED = "until_expired"
+#: Every ``lock_mode``, the default first.
+MODES = (UNTIL_EXECUTED, UNTIL_EXECUTING, WHILE_EXECUTING, COALESCE, UNTIL_EXPIRED)
+#: Modes that take the key when a message is published (``while_executing`` does not).
+PUBLISH_MODES = (UNTIL_EXECUTED, UNTIL_EXECUTING, COALESCE, UNTIL_EXPIRED)
+#: ``lock_on_busy`` values: what a delivery whose key is busy at run time does.
+ON_BUSY = ("skip", "reschedule")
+#: ``lock_on_duplicate`` values: what a publish whose key is busy returns.
+ON_DUPLICATE = ("return", "raise")
+#: Suffix of the coalesce run slot's lock name.
+RUN_SLOT_SUFFIX = ":running"
+
+
+# -- what the integrations report (Django signals, like :mod:`django_redislock.signals`) -----------
+
+#: ``task_skipped(sender=<task class>, task, task_id, key, holder, reason)``: a delivered task did
+#: not run its body (``holder``: the task id holding the key, when known; ``reason``: ``"busy"``,
+#: ``"queued"`` (coalesce: another follow-up is queued and will do the work) or
+#: ``"already-running"``). Sent in the worker, in the thread that got the task.
+task_skipped = Signal()
+#: ``task_deduplicated(sender=<task class>, task, key, existing_task_id, raised)``: a publish found
+#: the key taken and published nothing (beat ticks that overlap a running task land here). Not a
+#: failed acquisition: the statistics do not count it as one.
+task_deduplicated = Signal()
+#: ``task_rescheduled(sender=<task class>, task, task_id, key, holder, reason, countdown)``: a
+#: delivery found its key busy and, with ``lock_on_busy="reschedule"``, was published again to
+#: run in ``countdown`` seconds (Celery: same task id, not counted as a retry).
+task_rescheduled = Signal()
+
+
+class DuplicateTaskError(LockNotAcquiredError):
+    """A task with the same lock key is already queued or running; nothing was published.
+
+    ``task_id`` is the id of the queued/running task (``None`` when the key is held by code that is
+    not a task, e.g. ``distributed_lock`` on the same name); ``name`` is the lock key.
+    """
+
+    def __init__(self, task_id: str | None, name: str = "", message: str | None = None) -> None:
+        self.task_id = task_id
+        if message is None:
+            holder = f"task {task_id}" if task_id else "a holder that is not a task"
+            message = (
+                f"Lock {name!r} is held by {holder}: a task with the same key is already "
+                "queued or running, so nothing was published."
+            )
+        super().__init__(name, message)
+        self.message = message
+        # Celery's JSON result backend rebuilds exceptions as ``cls(*args)``.
+        self.args = (task_id, name, message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), self.args)
+
+
+def run_key(key: str) -> str:
+    """The lock name of the coalesce run slot of ``key``."""
+    return key + RUN_SLOT_SUFFIX
+
+
+def run_owner(flight_id: str, attempt: int) -> str:
+    """Owner of the run-time lock of one attempt of a flight."""
+    return f"{flight_id}#{attempt}"
+
+
+class TaskOptionError(ValueError, TypeError):
+    """A single-flight task option is invalid (raised when the task is defined).
+
+    Both a ``ValueError`` (a bad option value, as the API promises) and a ``TypeError`` (what
+    Python raises for a value of the wrong type), so ``except`` clauses written for either work.
+    """
+
+
+@dataclass(frozen=True)
+class FlightRules:
+    """The validated single-flight options of one task: mode, leases, permits, reactions.
+
+    Built once, when the task is defined (:meth:`validated`), so a bad option fails there.
+    ``timeout``/``queue_timeout`` ``None`` mean ``REDISLOCK["TIMEOUT"]`` / ``timeout``, read at
+    use (settings may change in tests).
+    """
+
+    mode: str = UNTIL_EXECUTED
+    timeout: float | None = None
+    queue_timeout: float | None = None
+    permits: int = 1
+    on_busy: str = "skip"
+    on_duplicate: str = "return"
+    reschedule_countdown: float | None = None
+    using: str | None = None
+    #: Statistics name of every lock of the task (the task name: bounded, not one per key).
+    stats_name: str | None = None
+
+    @classmethod
+    def validated(cls, task: str, **options: Any) -> FlightRules:
+        """Rules from task options, or :class:`TaskOptionError` naming ``task`` and the option.
+
+        ``options`` are the keyword arguments of this class; ``None`` values take the defaults
+        of ``mode``, ``permits``, ``on_busy`` and ``on_duplicate``.
+        """
+        values = {name: value for name, value in options.items() if value is not None}
+        rules = cls(**values)
+
+        def fail(message: str) -> TaskOptionError:
+            return TaskOptionError(f"{message} (task {task}).")
+
+        if rules.mode not in MODES:
+            raise fail(f"lock_mode must be one of {_choices(MODES)}, not {rules.mode!r}")
+        if rules.on_busy not in ON_BUSY:
+            raise fail(
+                f"lock_on_busy must be one of {_choices(ON_BUSY)}, not {rules.on_busy!r}",
+            )
+        if rules.on_duplicate not in ON_DUPLICATE:
+            raise fail(
+                f"lock_on_duplicate must be one of {_choices(ON_DUPLICATE)}, not "
+                f"{rules.on_duplicate!r}",
+            )
+        try:
+            check_permits(rules.permits)
+        except (TypeError, ValueError) as exc:
+            raise fail(f"lock_permits: {exc}") from None
+        if rules.permits != 1 and rules.mode != WHILE_EXECUTING:
+            raise fail(
+                f"lock_permits={rules.permits} needs lock_mode='while_executing' (the other "
+                f"modes run at most one body per key), not {rules.mode!r}",
+            )
+        for option, value in (
+            ("lock_timeout", rules.timeout),
+            ("lock_queue_timeout", rules.queue_timeout),
+            ("lock_reschedule_countdown", rules.reschedule_countdown),
+        ):
+            try:
+                check_seconds(value, option, minimum=MIN_LEASE, allow_none=True)
+            except (TypeError, ValueError) as exc:
+                raise fail(str(exc)) from None
+        if rules.using is not None and (not isinstance(rules.using, str) or not rules.using):
+            raise fail(f"lock_using must be a CACHES alias or None, not {rules.using!r}")
+        return rules
+
+    @property
+    def lease(self) -> float:
+        """Running lease (renewed while the body runs); ``until_expired``: the window."""
+        return float(self.timeout) if self.timeout is not None else get_settings().timeout
+
+    def queue_lease(self, delay: float = 0.0) -> float:
+        """Lease of a message waiting in the broker: queue timeout + its countdown/eta."""
+        queued = self.queue_timeout
+        return (float(queued) if queued is not None else self.lease) + max(0.0, delay)
+
+    def reschedule_delay(self) -> float:
+        """Countdown of a rescheduled delivery (default: ``lock_timeout``, within which a dead
+        holder's key frees itself)."""
+        countdown = self.reschedule_countdown
+        return float(countdown) if countdown is not None else self.lease
+
+
+def _choices(values: tuple[str, ...]) -> str:
+    return ", ".join(repr(v) for v in values)
+
+
+# -- what travels with a message ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """What a published message carries: its key and the publish-time hold it accounts for.
+
+    ``holds`` is how many holds of the flight id on ``key`` the message accounts for (0: none;
+    ``None``: unknown, for integrations that cannot carry it — the run then allows one publish
+    hold). ``token`` is the fencing token of that hold; ``attempt`` numbers the flight's attempts
+    (retries, replacements, reschedules), which own distinct run-time locks.
+    """
+
+    key: str
+    token: int | None = None
+    holds: int | None = 0
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """A publish found the key held: nothing may be published.
+
+    ``holder`` is the task id recorded with the hold (``None``: a holder that is not a task);
+    ``same`` is True when the holder is the very flight being published (published twice under
+    one id).
+    """
+
+    key: str
+    holder: str | None
+    same: bool = False
+
+
+class _QuietLock(Lock):
+    """A lock whose busy attempts send no ``lock_acquire_failed``.
+
+    A publish that finds the key held is a deduplication, and a delivery that finds it held at
+    run time is skipped or rescheduled: both are single flight working as intended, reported by
+    ``task_deduplicated``/``task_skipped``/``task_rescheduled``. Counting them as failed
+    acquisitions made a healthy periodic task show a low success rate in the statistics.
+
+    Stop-gap over the engine's private ``_failed``: the engine should grow a public
+    ``quiet=True`` (see the report of issue 13), after which this class is
+    ``Lock(..., quiet=True)``.
+    """
+
+    def _failed(self, started: float) -> bool:
+        return False
+
+
+class _QuietSemaphore(Semaphore):
+    """:class:`_QuietLock` for the ``while_executing`` permits (``lock_permits > 1``)."""
+
+    def _failed(self, started: float) -> bool:
+        return False
+
+
+def _publish_lock(rules: FlightRules, key: str, flight_id: str, lease: float) -> Lock:
+    return _QuietLock(
+        key,
+        timeout=lease,
+        auto_renew=False,
+        using=rules.using,
+        owner=flight_id,
+        task_id=flight_id,
+        queued=True,
+        stats_name=rules.stats_name,
+    )
+
+
+def reserve(
+    rules: FlightRules, key: str, flight_id: str, *, delay: float = 0.0
+) -> Ticket | Duplicate:
+    """Take the publish-time hold of a message about to be published (one round trip).
+
+    Nothing to take for ``while_executing``. The hold is *detached* from this process at once:
+    the worker that runs the message owns it from now on, and this process must not renew it.
+    ``delay``: the message's countdown/eta, added to the queued lease (``until_expired``: to the
+    window, which starts when the message may run).
+    """
+    check_name(key, "Lock key")
+    if rules.mode == WHILE_EXECUTING:
+        return Ticket(key)
+    lease = (
+        rules.lease + max(0.0, delay) if rules.mode == UNTIL_EXPIRED else rules.queue_lease(delay)
+    )
+    lock = _publish_lock(rules, key, flight_id, lease)
+    for _ in range(3):
+        if lock.acquire(blocking=False):
+            count, token = lock.detach()  # before publishing: a local worker may start it
+            if count > 1:  # this very flight id is already queued or running
+                _release_quietly(lock)
+                return Duplicate(key, flight_id, same=True)
+            return Ticket(key, token, 1)
+        holder = _lock_holder(rules, key)
+        if holder is not None:
+            return Duplicate(key, holder.task_id, same=holder.owner == flight_id)
+        # Released between the two calls: try again.
+    return Duplicate(key, None)
+
+
+def unreserve(rules: FlightRules, ticket: Ticket, flight_id: str) -> None:
+    """Give back the hold of a message that was not published after all (publish failed)."""
+    if ticket.holds:
+        _release_quietly(_publish_lock(rules, ticket.key, flight_id, rules.lease))
+
+
+@dataclass(frozen=True)
+class _Holder:
+    owner: str | None
+    task_id: str | None
+
+
+def _lock_holder(rules: FlightRules, name: str) -> _Holder | None:
+    """Who holds the *lock* ``name`` (one round trip; ``get_lock_info`` also reads semaphores).
+
+    A value that is not a lock record is a holder that is not a task.
+    """
+    target = target_for(rules.using)
+    with backend_errors(f"inspect lock {name!r}"):
+        record = redis_client.read_lock(target.client, target.keys.lock(name))
+    if record is None:
+        return None
+    if record.unreadable:
+        return _Holder(None, None)
+    task_id = record.meta.get("task_id")
+    return _Holder(record.owner, task_id if isinstance(task_id, str) else None)
+
+
+def _release_quietly(lock: Lock, *, all_holds: bool = False) -> bool:
+    try:
+        lock.release(all_holds=all_holds)
+    except LockNotOwnedError:
+        return False
+    return True
+
+
+# -- run --------------------------------------------------------------------------------------
+
+
+class Busy(Exception):
+    """A delivery must not run its body now: the key is held by another flight.
+
+    ``reason``: ``"busy"`` (held by another holder), ``"queued"`` (coalesce: another follow-up
+    is queued already, it will do the work) or ``"already-running"`` (this same message runs
+    elsewhere: a redelivery). ``holder``: the holder's task id when known.
+    """
+
+    def __init__(self, key: str, holder: str | None, reason: str) -> None:
+        super().__init__(key, holder, reason)
+        self.key = key
+        self.holder = holder
+        self.reason = reason
+
+
+@dataclass
+class Flight:
+    """One attempt of a flight running in this process, and the locks it holds."""
+
+    rules: FlightRules
+    key: str
+    flight_id: str
+    attempt: int
+    #: The lock held while the body runs (``None`` in modes that hold nothing then).
+    run_lock: Lock | None = None
+    #: The holds went to a message published from the body (retry / same-key replace): the end
+    #: of this attempt must not release them.
+    handed_over: bool = False
+
+    @property
+    def lost(self) -> bool:
+        """The run-time lock expired or was force-released while the body ran."""
+        return bool(self.run_lock is not None and not self.handed_over and self.run_lock.lost)
+
+
+def _run_lock(rules: FlightRules, name: str, owner: str, flight_id: str) -> Lock:
+    if rules.permits > 1:
+        return _QuietSemaphore(
+            name,
+            rules.permits,
+            timeout=rules.lease,
+            auto_renew=True,
+            using=rules.using,
+            owner=owner,
+            task_id=flight_id,
+            stats_name=rules.stats_name,
+        )
+    return _QuietLock(
+        name,
+        timeout=rules.lease,
+        auto_renew=True,
+        using=rules.using,
+        owner=owner,
+        task_id=flight_id,
+        stats_name=rules.stats_name,
+    )
+
+
+def _holder(rules: FlightRules, name: str) -> str | None:
+    """Task id holding ``name`` (a lock, or a semaphore's oldest permit with ``permits > 1``)."""
+    if rules.permits > 1:
+        info = get_lock_info(name, using=rules.using)
+        return info.task_id if info is not None else None
+    holder = _lock_holder(rules, name)
+    return holder.task_id if holder is not None else None
+
+
+def _expected_holds(ticket: Ticket | None, token: int | None) -> int:
+    """How many holds of the flight id a legitimate run finds after re-entering the key."""
+    if ticket is None or ticket.holds is None:
+        return 2  # unknown: allow the publish hold
+    if ticket.holds and token == ticket.token:
+        return ticket.holds + 1
+    return 1
+
+
+def _enter_key(rules: FlightRules, flight: Flight, ticket: Ticket | None) -> Lock:
+    """Re-enter (or take) ``key`` for the flight id, renewed while this attempt holds it.
+
+    Raises :class:`Busy` when another holder has it, or when the flight id holds it more often
+    than the message accounts for (another delivery of this message is running).
+    """
+    key, flight_id = flight.key, flight.flight_id
+    lock = _QuietLock(
+        key,
+        timeout=rules.lease,
+        auto_renew=True,
+        using=rules.using,
+        owner=flight_id,
+        task_id=flight_id,
+        stats_name=rules.stats_name,
+    )
+    if not lock.acquire(blocking=False):
+        holder = _holder(rules, key)
+        # Released in between: one more try, else busy.
+        if holder is not None or not lock.acquire(blocking=False):
+            raise Busy(key, holder, "queued" if rules.mode == COALESCE else "busy")
+    if lock.hold_count > _expected_holds(ticket, lock.fencing_token):
+        _release_quietly(lock)
+        raise Busy(key, flight_id, "already-running")
+    return lock
+
+
+def begin(
+    rules: FlightRules, key: str, flight_id: str, ticket: Ticket | None, *, attempt: int = 0
+) -> Flight:
+    """Start one attempt of a flight (what the worker does before the body); see the module table.
+
+    ``ticket``: what the message carries (``None``: unknown). Raises :class:`Busy` when the body
+    must not run now. A coalesce follow-up whose predecessor still runs *waits* here for its run
+    slot (woken by the release), unless ``on_busy="reschedule"``.
+    """
+    flight = Flight(rules, key, flight_id, attempt)
+    mode = rules.mode
+    if mode == UNTIL_EXECUTED:
+        flight.run_lock = _enter_key(rules, flight, ticket)
+    elif mode == UNTIL_EXECUTING:
+        mine = Lock(key, owner=flight_id, using=rules.using)
+        if not _release_quietly(mine, all_holds=True):
+            # No publish hold of ours (a delivery that did not come through publish, or ours
+            # expired): another holder means another message of the key is queued.
+            holder = _lock_holder(rules, key)
+            if holder is not None and holder.owner != flight_id:
+                raise Busy(key, holder.task_id, "busy")
+    elif mode == WHILE_EXECUTING:
+        flight.run_lock = _take_run_lock(rules, key, flight_id, attempt)
+    elif mode == COALESCE:
+        queue = _enter_key(rules, flight, ticket)
+        try:
+            flight.run_lock = _take_run_slot(rules, key, flight_id, attempt, queue)
+        except Busy:
+            # Not running now: give the follow-up slot back whole (a reschedule publishes anew).
+            _release_quietly(queue, all_holds=True)
+            raise
+        except BaseException:
+            _release_quietly(queue)  # ours; the publish hold expires with its lease
+            raise
+        # Running: the follow-up slot is free again, so a publish from now on queues the next.
+        _release_quietly(queue, all_holds=True)
+    else:  # UNTIL_EXPIRED
+        holder = _lock_holder(rules, key)
+        if holder is None:
+            lock = _publish_lock(rules, key, flight_id, rules.lease)
+            if lock.acquire(blocking=False):
+                lock.detach()  # the window runs out by itself
+                return flight
+            holder = _lock_holder(rules, key)
+        if holder is not None and holder.owner != flight_id:
+            raise Busy(key, holder.task_id, "busy")
+    return flight
+
+
+def _take_run_lock(rules: FlightRules, key: str, flight_id: str, attempt: int) -> Lock:
+    lock = _run_lock(rules, key, run_owner(flight_id, attempt), flight_id)
+    acquired = lock.acquire(blocking=False)
+    if not acquired and attempt > 0:
+        # A retry/replacement can be delivered before its previous attempt (a holder of this
+        # key) has finished releasing: give it up to one lease, then treat the key as busy.
+        acquired = lock.acquire(blocking=True, blocking_timeout=rules.lease)
+    if not acquired:
+        raise Busy(key, _holder(rules, key), "busy")
+    if lock.hold_count > 1:  # re-entered: this very attempt runs elsewhere (a redelivery)
+        _release_quietly(lock)
+        raise Busy(key, flight_id, "already-running")
+    return lock
+
+
+def _take_run_slot(rules: FlightRules, key: str, flight_id: str, attempt: int, queue: Lock) -> Lock:
+    """The coalesce run slot: at once, or after the running flight ends (waiting holds the
+    follow-up slot, renewed, so publishes meanwhile still return this follow-up)."""
+    name = run_key(key)
+    lock = _run_lock(rules, name, run_owner(flight_id, attempt), flight_id)
+    if not lock.acquire(blocking=False):
+        if rules.on_busy == "reschedule":
+            raise Busy(key, _holder(rules, name), "running")
+        while not lock.acquire(blocking=True, blocking_timeout=rules.lease):
+            if queue.lost:  # our follow-up slot expired and was taken: that one runs next
+                raise Busy(key, _holder(rules, key), "queued")
+    if lock.hold_count > 1:
+        _release_quietly(lock)
+        raise Busy(key, flight_id, "already-running")
+    return lock
+
+
+def end(flight: Flight) -> bool:
+    """Release what the attempt holds when its body ended (unless handed over).
+
+    Returns False when the run-time lock was no longer held (expired or force-released while
+    the body ran); a Redis error is logged, and the lease frees the key.
+    """
+    lock = flight.run_lock
+    if flight.handed_over or lock is None:
+        return True
+    try:
+        released = _release_quietly(lock, all_holds=not isinstance(lock, Semaphore))
+    except LockBackendError:
+        logger.warning(
+            "Flight %s could not release lock %r; it expires within %ss.",
+            flight.flight_id,
+            lock.name,
+            flight.rules.lease,
+            exc_info=True,
+        )
+        return True
+    if not released:
+        logger.error(
+            "Flight %s finished without its lock %r (expired or force-released while it ran).",
+            flight.flight_id,
+            lock.name,
+        )
+    return released
+
+
+def hand_over(flight: Flight, *, delay: float = 0.0) -> Ticket:
+    """The ticket of the next attempt of this flight, published from inside its body.
+
+    ``until_executed`` hands its holds to the message (never dropped in between, so no other
+    publish slips in; the key shows as queued again until a worker starts it). Modes that hold
+    nothing between runs (``until_executing``, ``coalesce``) take the key for it when it is free
+    — else another message of the key is queued already and this one will be skipped as its
+    duplicate. ``while_executing``/``until_expired`` carry no hold.
+    """
+    rules, key = flight.rules, flight.key
+    attempt = flight.attempt + 1
+    if rules.mode == UNTIL_EXECUTED and flight.run_lock is not None:
+        flight.run_lock.detach()  # the watchdog must not renew (shorten) the queued lease below
+        flight.handed_over = True
+        queued = _publish_lock(rules, key, flight.flight_id, rules.queue_lease(delay))
+        if queued.acquire(blocking=False):
+            holds, token = queued.detach()
+            if holds == 1:
+                logger.warning(
+                    "Flight %s lost lock %r while it ran; it was free, so the message it "
+                    "publishes takes it anew.",
+                    flight.flight_id,
+                    key,
+                )
+            return Ticket(key, token, holds, attempt)
+        logger.warning(
+            "Flight %s hands over lock %r, but it was lost and is held by another holder now: "
+            "the message it publishes will be skipped while that holds it.",
+            flight.flight_id,
+            key,
+        )
+        return Ticket(key, None, 0, attempt)
+    if rules.mode in (UNTIL_EXECUTING, COALESCE):
+        taken = reserve(rules, key, flight.flight_id, delay=delay)
+        if isinstance(taken, Ticket):
+            return Ticket(key, taken.token, taken.holds, attempt)
+    return Ticket(key, None, 0, attempt)
+
+
+def abandon(rules: FlightRules, key: str, flight_id: str, *, attempt: int = 0) -> bool:
+    """Free what a flight holds when the process that ran it cannot (it died, or the message was
+    revoked/expired before it started). ``until_expired`` keeps its window whatever happens.
+    Returns whether something was released."""
+    if rules.mode == UNTIL_EXPIRED:
+        return False
+    released = False
+    if rules.mode in PUBLISH_MODES:
+        released |= _release_quietly(Lock(key, owner=flight_id, using=rules.using), all_holds=True)
+    if rules.mode == COALESCE:
+        slot = Lock(run_key(key), owner=run_owner(flight_id, attempt), using=rules.using)
+        released |= _release_quietly(slot, all_holds=True)
+    elif rules.mode == WHILE_EXECUTING:
+        owner = run_owner(flight_id, attempt)
+        if rules.permits > 1:
+            # Another process took the permit: its token is in the holders' records.
+            for info in lock_holders(key, using=rules.using):
+                if info.kind == "semaphore" and info.owner == owner:
+                    released |= force_release(key, token=info.fencing_token, using=rules.using)
+        else:
+            released |= _release_quietly(Lock(key, owner=owner, using=rules.using), all_holds=True)
+    return released
+
+
+def delay_of(options: Mapping[str, Any]) -> float:
+    """Seconds a message waits before it may run, from its ``countdown``, ``eta`` or
+    ``run_after`` (an aware or naive datetime, or its ISO text)."""
+    countdown = options.get("countdown")
+    if countdown:
+        return max(0.0, float(countdown))
+    eta = options.get("eta") or options.get("run_after")
+    if eta:
+        if isinstance(eta, str):
+            eta = dt.datetime.fromisoformat(eta)
+        current = dt.datetime.now(eta.tzinfo) if eta.tzinfo else dt.datetime.now()
+        return max(0.0, (eta - current).total_seconds())
+    return 0.0
