@@ -32,7 +32,7 @@ from tests.redis_server import RedisServer
 LEASE = 3.0
 INTERVAL = 1.0
 PERSISTENT = "django_redislock.celery.beat:LeaderScheduler"
-DATABASE = "django_redislock.celery.beat:LeaderDatabaseScheduler"
+DATABASE = "django_redislock.celery.beat_database:LeaderDatabaseScheduler"
 
 
 class Fleet:

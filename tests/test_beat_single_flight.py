@@ -31,7 +31,7 @@ from tests.beat_processes import BeatProcess
 from tests.celery_workers import WorkerProcess
 from tests.conftest import ROOT, subprocess_env, wait_for
 
-DATABASE = "django_redislock.celery.beat:LeaderDatabaseScheduler"
+DATABASE = "django_redislock.celery.beat_database:LeaderDatabaseScheduler"
 DURATION = 2.5  # each run; the entries are due every second
 
 

@@ -4,7 +4,7 @@ Run ``celery beat`` on several hosts with the same scheduler class; one of them 
 sends the periodic tasks, the others stand by and take over within one lease after it stops::
 
     celery -A proj beat --scheduler django_redislock.celery.beat:LeaderScheduler
-    celery -A proj beat --scheduler django_redislock.celery.beat:LeaderDatabaseScheduler
+    celery -A proj beat --scheduler django_redislock.celery.beat_database:LeaderDatabaseScheduler
 
 ``LeaderScheduler`` is Celery's default ``PersistentScheduler`` (a local shelve file) with a
 leader lease; ``LeaderDatabaseScheduler`` is django-celery-beat's ``DatabaseScheduler`` with one
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 else:
     _SchedulerBase = object
 
-# LeaderDatabaseScheduler is served by __getattr__ below (django-celery-beat is optional).
+# LeaderDatabaseScheduler lives in beat_database (django-celery-beat is optional).
 __all__ = ["LeaderScheduler", "LeaderSchedulerMixin"]
 
 logger = logging.getLogger("django_redislock.beat")
@@ -471,12 +471,3 @@ class LeaderSchedulerMixin(_SchedulerBase):
 class LeaderScheduler(LeaderSchedulerMixin, PersistentScheduler):
     """Celery's default scheduler (local shelve file) behind a leader lease."""
 
-
-def __getattr__(name: str) -> Any:
-    # django-celery-beat is optional: import its scheduler only when asked for by name
-    # (``--scheduler django_redislock.celery.beat:LeaderDatabaseScheduler``).
-    if name == "LeaderDatabaseScheduler":
-        from django_redislock.celery.beat_database import LeaderDatabaseScheduler
-
-        return LeaderDatabaseScheduler
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,7 +4,7 @@ Needs ``pip install django-celery-beat``.
 
 ::
 
-    celery -A proj beat --scheduler django_redislock.celery.beat:LeaderDatabaseScheduler
+    celery -A proj beat --scheduler django_redislock.celery.beat_database:LeaderDatabaseScheduler
 
 Every beat reads the schedule from the shared database, but ``DatabaseScheduler`` writes an
 entry's ``last_run_at`` back only every few minutes (``sync_every``) and at shutdown; a standby that
