@@ -4,6 +4,8 @@
 #   make test [ARGS=...]    the whole suite, as CI runs it (creates .venv on first use)
 #   make test-fast          everything but the tests marked `slow` (seconds)
 #   make test-slow          only the `slow` tests (processes, workers, browsers, faults, venvs)
+#   make test-topology      Redis Cluster, Sentinel and independent masters (real processes)
+#   make test-flavours      the core again on a bare CACHES entry and on Django's RedisCache
 #   make lint               ruff check + ruff format --check
 #   make format             ruff check --fix + ruff format
 #   make type               mypy --strict over the package
@@ -28,11 +30,14 @@ PY := $(BIN)/python
 # Everything ruff checks and formats (example_project/ruff.toml extends the root config).
 CODE := django_redislock tests example_project benchmarks
 # The matrix step of CI: the core of the suite in the oldest and newest environments.
-MATRIX_TESTS := tests/test_lock.py tests/test_decorators.py tests/test_operations.py \
+FLAVOUR_TESTS := tests/test_lock.py tests/test_waiting.py tests/test_aio.py tests/test_semaphore.py \
+	tests/test_hostile_values.py tests/test_decorators.py tests/faults/test_partitions.py
+MATRIX_TESTS := tests/test_waiting.py tests/test_aio.py tests/test_semaphore.py tests/test_lock.py tests/test_decorators.py tests/test_operations.py \
 	tests/test_checks.py tests/faults/test_lock_faults.py tests/test_celery.py
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo-venv system-deps test test-fast test-slow lint format type matrix bench \
+.PHONY: help venv demo-venv system-deps test test-fast test-slow test-topology test-flavours \
+	lint format type matrix bench \
 	demo clean-demo hooks ci
 
 help:
@@ -49,7 +54,16 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 test: venv system-deps
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -m "not topology" $(ARGS)
+
+test-topology: venv system-deps
+	$(PY) -m pytest -m topology $(ARGS)
+
+# The core of the suite again with the lock cache as new users configure it: no OPTIONS at all
+# (redis-py's own defaults), and Django's own RedisCache.
+test-flavours: venv system-deps
+	REDISLOCK_TEST_CACHE=bare $(PY) -m pytest $(FLAVOUR_TESTS) $(ARGS)
+	REDISLOCK_TEST_CACHE=builtin $(PY) -m pytest $(FLAVOUR_TESTS) $(ARGS)
 
 test-fast: venv
 	$(PY) -m pytest -m "not slow" $(ARGS)
@@ -87,11 +101,15 @@ hooks: venv
 	$(BIN)/pre-commit install
 
 # CI: cheap checks first, then the whole suite (slow tests included: nothing is skipped), the
-# oldest/newest matrix on the core tests, and a benchmark smoke run (prints numbers; speed is
-# not a pass/fail criterion).
+# topology step (Cluster, Sentinel, independent masters), the core again on a bare CACHES entry
+# and on Django's RedisCache, the oldest/newest matrix on the core tests with a bare CACHES entry
+# (redis-py's own defaults: none in 5.x, 5 s in 8.x), and a benchmark smoke run (prints
+# numbers; speed is not a pass/fail criterion).
 ci:
 	$(MAKE) lint
 	$(MAKE) type
 	$(MAKE) test ARGS="-q --durations=15"
-	$(MAKE) matrix ARGS="-q $(MATRIX_TESTS)"
+	$(MAKE) test-topology ARGS="-q --durations=10"
+	$(MAKE) test-flavours ARGS="-q"
+	REDISLOCK_TEST_CACHE=bare $(MAKE) matrix ARGS="-q $(MATRIX_TESTS)"
 	$(MAKE) bench ARGS=--quick
