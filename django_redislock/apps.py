@@ -12,12 +12,11 @@ class RedisLockConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
-        from django_redislock import checks, stats
+        from django_redislock import checks
         from django_redislock.decorators import register_adapter
         from django_redislock.management import command_adapter
 
         checks.register_checks()
-        stats.connect_receivers()
         register_adapter(command_adapter)
         # Celery's receivers (task_revoked, lock_lost, the task-id provider) are connected here, not
         # when django_redislock.celery is imported, and only when Celery is installed.

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 from redis import exceptions as redis_errors
 
 from django_redislock import client as redis_client
-from django_redislock import connection, holds, scripts, signals, wakeups
+from django_redislock import connection, holds, scripts, signals, stats, wakeups
 from django_redislock.conf import MIN_LEASE, LockSettings, check_seconds, get_settings
 from django_redislock.exceptions import (
     LockBackendError,
@@ -41,6 +41,7 @@ from django_redislock.exceptions import (
 )
 from django_redislock.holds import Hold
 from django_redislock.keys import KeySpace, keyspace
+from django_redislock.naming import stats_shape
 from django_redislock.watchdog import watchdog
 
 __all__ = [
@@ -441,6 +442,8 @@ class LockBase:
         queued: bool = False,
         stats_name: str | None = None,
         on_commit: bool | str = False,
+        quiet: bool = False,
+        report_busy: bool = True,
     ) -> None:
         self.name = check_name(name)
         self._timeout = check_seconds(timeout, "timeout", minimum=MIN_LEASE, allow_none=True)
@@ -460,7 +463,11 @@ class LockBase:
             raise TypeError(f"task_id must be a str or None, not {type(task_id).__name__}")
         self._task_id = task_id
         self._queued = bool(check_bool(queued, "queued"))
-        self.stats_name = stats_name or name
+        self.stats_name = stats_name or stats_shape(name)
+        #: For integrations that report their own events (single-flight publishes): no signals
+        #: and no statistics for this object (``quiet``), or none for busy attempts.
+        self.quiet = bool(check_bool(quiet, "quiet"))
+        self.report_busy = bool(check_bool(report_busy, "report_busy"))
         if not isinstance(on_commit, (bool, str)):
             raise TypeError(f"on_commit must be True, False or a database alias, not {on_commit!r}")
         self.on_commit = on_commit
@@ -758,6 +765,7 @@ class LockBase:
                 kind=self.kind,
                 sender=type(self),
                 replicas=(spec.target.replicas, spec.target.replicas_timeout_ms),
+                stats_key=None if self.quiet else (self.using, self.stats_name),
             )
             hold.set_lock(self)
             stale = holds.put(hold)
@@ -766,14 +774,18 @@ class LockBase:
             self._last[owner] = hold
             if hold.auto_renew:
                 watchdog.register(hold)
-            signals.lock_acquired.send_robust(
-                type(self),
-                lock=self,
-                name=self.name,
-                token=token,
-                waited=time.monotonic() - started,
-                contended=contended,
-            )
+            if not self.quiet:
+                waited = time.monotonic() - started
+                stats.record(self.using, self.stats_name, "acquired", waited, contended)
+                if signals.lock_acquired.receivers:
+                    signals.lock_acquired.send_robust(
+                        type(self),
+                        lock=self,
+                        name=self.name,
+                        token=token,
+                        waited=waited,
+                        contended=contended,
+                    )
         else:
             hold.count = count
             if spec.lease > hold.lease:
@@ -784,9 +796,13 @@ class LockBase:
         return True
 
     def _failed(self, started: float) -> bool:
-        signals.lock_acquire_failed.send_robust(
-            type(self), lock=self, name=self.name, waited=time.monotonic() - started
-        )
+        if self.quiet or not self.report_busy:
+            return False
+        stats.record(self.using, self.stats_name, "failed")
+        if signals.lock_acquire_failed.receivers:
+            signals.lock_acquire_failed.send_robust(
+                type(self), lock=self, name=self.name, waited=time.monotonic() - started
+            )
         return False
 
     # -- release / renew ----------------------------------------------------------------------
@@ -826,9 +842,13 @@ class LockBase:
         if left == 0:
             hold.released = True
             holds.forget(hold)
-            signals.lock_released.send_robust(
-                type(self), lock=self, name=self.name, held=time.monotonic() - hold.acquired_at
-            )
+            if not self.quiet:
+                held = time.monotonic() - hold.acquired_at
+                stats.record(self.using, self.stats_name, "released", held)
+                if signals.lock_released.receivers:
+                    signals.lock_released.send_robust(
+                        type(self), lock=self, name=self.name, held=held
+                    )
 
     def _renew_call(self, ms: int, mode: str) -> Call:
         spec = self._spec()

@@ -174,6 +174,8 @@ class Hold:
     sender: Any = None  # the face class (``Lock``, ``AsyncLock`` ...), sender of the signals
     #: ``(replicas, timeout_ms)`` a renewal must be acknowledged by (``REDISLOCK["REPLICAS"]``).
     replicas: tuple[int, int] = (0, 0)
+    #: ``(using, stats name)`` a loss is counted under; ``None``: not counted (quiet lock).
+    stats_key: tuple[str | None, str] | None = None
     acquired_at: float = field(default_factory=time.monotonic)
     lost: bool = False
     released: bool = False
@@ -259,9 +261,12 @@ def mark_lost(hold: Hold) -> bool:
         hold.name,
         hold.owner,
     )
-    from django_redislock import signals
+    from django_redislock import signals, stats
 
-    signals.lock_lost.send_robust(hold.sender, lock=hold.lock_ref(), name=hold.name)
+    if hold.stats_key is not None:
+        stats.record(*hold.stats_key, "lost")
+    if signals.lock_lost.receivers:
+        signals.lock_lost.send_robust(hold.sender, lock=hold.lock_ref(), name=hold.name)
     return True
 
 

@@ -10,15 +10,17 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import enum
+import functools
 import hashlib
 import inspect
 import json
+import re
 import string
 import uuid as uuid_module
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["KeySpec", "argument_digest", "compile_key", "template_fields"]
+__all__ = ["KeySpec", "argument_digest", "compile_key", "stats_shape", "template_fields"]
 
 KeySpec = str | Callable[..., str] | None
 
@@ -141,3 +143,26 @@ def argument_digest(arguments: Mapping[str, Any]) -> str:
     """Stable hex digest of bound arguments (name -> value); order of keys never matters."""
     data = _dumps(_canonical(dict(arguments))).encode("utf-8")
     return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+_SHAPES = (
+    (
+        re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"),
+        "{uuid}",
+    ),
+    (re.compile(r"(?<![0-9a-zA-Z])[0-9a-fA-F]{16,}(?![0-9a-zA-Z])"), "{hex}"),
+    (re.compile(r"\d+"), "{n}"),
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def stats_shape(name: str) -> str:
+    """The statistics name of a plain lock name: its ids replaced by placeholders.
+
+    ``Lock(f"invoice:{pk}")`` would otherwise keep statistics per invoice — one Redis hash per
+    name for a day — where ``invoice:{n}`` aggregates them. Decorated functions and tasks use their
+    key template instead; ``stats_name=`` chooses explicitly.
+    """
+    for pattern, placeholder in _SHAPES:
+        name = pattern.sub(placeholder, name)
+    return name

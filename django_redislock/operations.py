@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 from redis import exceptions as redis_errors
 
 from django_redislock import client as redis_client
-from django_redislock import connection, scripts, signals
+from django_redislock import connection, scripts, signals, stats
 from django_redislock.exceptions import LockBackendError
 from django_redislock.keys import KeySpace, keyspace
 from django_redislock.records import LockRecord, parse_record
@@ -394,9 +394,12 @@ def force_release_info(
                 record = parse_record(keys.semaphore(name), sem_reply[2 + 2 * i], 0)
                 released_infos.append(_info(keys, record))
     current = int(reply[1]) or (released_infos[0].fencing_token if released_infos else 0)
-    signals.lock_force_released.send_robust(
-        None, name=name, token=current or None, using=using, released=bool(released_infos)
-    )
+    if released_infos:
+        stats.record(using, name, "force_released")
+    if signals.lock_force_released.receivers:
+        signals.lock_force_released.send_robust(
+            None, name=name, token=current or None, using=using, released=bool(released_infos)
+        )
     return released_infos
 
 

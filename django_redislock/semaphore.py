@@ -61,6 +61,8 @@ class SemaphoreMixin(LockBase):
         task_id: str | None = None,
         queued: bool = False,
         stats_name: str | None = None,
+        quiet: bool = False,
+        report_busy: bool = True,
     ) -> None:
         self.permits = check_permits(permits)
         check_bool(blocking, "blocking")
@@ -75,6 +77,8 @@ class SemaphoreMixin(LockBase):
             task_id=task_id,
             queued=queued,
             stats_name=stats_name,
+            quiet=quiet,
+            report_busy=report_busy,
         )
         # owner -> tokens of the permits this object took for it, oldest first.
         self._tokens: dict[str, list[int]] = {}

@@ -294,33 +294,12 @@ class Duplicate:
     same: bool = False
 
 
-class _QuietLock(Lock):
-    """A lock whose busy attempts send no ``lock_acquire_failed``.
-
-    A publish that finds the key held is a deduplication, and a delivery that finds it held at
-    run time is skipped or rescheduled: both are single flight working as intended, reported by
-    ``task_deduplicated``/``task_skipped``/``task_rescheduled``. Counting them as failed
-    acquisitions made a healthy periodic task show a low success rate in the statistics.
-
-    Stop-gap over the engine's private ``_failed``: the engine should grow a public
-    ``quiet=True`` (see the report of issue 13), after which this class is
-    ``Lock(..., quiet=True)``.
-    """
-
-    def _failed(self, started: float) -> bool:
-        return False
-
-
-class _QuietSemaphore(Semaphore):
-    """:class:`_QuietLock` for the ``while_executing`` permits (``lock_permits > 1``)."""
-
-    def _failed(self, started: float) -> bool:
-        return False
-
-
 def _publish_lock(rules: FlightRules, key: str, flight_id: str, lease: float) -> Lock:
-    return _QuietLock(
+    # Quiet: a publish-time hold is not an acquisition of the work (the run's is), and a busy
+    # publish is a deduplication, reported by task_deduplicated: neither counts in statistics.
+    return Lock(
         key,
+        quiet=True,
         timeout=lease,
         auto_renew=False,
         using=rules.using,
@@ -437,10 +416,13 @@ class Flight:
 
 
 def _run_lock(rules: FlightRules, name: str, owner: str, flight_id: str) -> Lock:
+    # A busy run is skipped or rescheduled (task_skipped / task_rescheduled), not a failed
+    # acquisition.
     if rules.permits > 1:
-        return _QuietSemaphore(
+        return Semaphore(
             name,
             rules.permits,
+            report_busy=False,
             timeout=rules.lease,
             auto_renew=True,
             using=rules.using,
@@ -448,8 +430,9 @@ def _run_lock(rules: FlightRules, name: str, owner: str, flight_id: str) -> Lock
             task_id=flight_id,
             stats_name=rules.stats_name,
         )
-    return _QuietLock(
+    return Lock(
         name,
+        report_busy=False,
         timeout=rules.lease,
         auto_renew=True,
         using=rules.using,
@@ -484,8 +467,9 @@ def _enter_key(rules: FlightRules, flight: Flight, ticket: Ticket | None) -> Loc
     than the message accounts for (another delivery of this message is running).
     """
     key, flight_id = flight.key, flight.flight_id
-    lock = _QuietLock(
+    lock = Lock(
         key,
+        report_busy=False,
         timeout=rules.lease,
         auto_renew=True,
         using=rules.using,

@@ -35,7 +35,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -51,6 +51,7 @@ __all__ = [
     "flush",
     "get_stats",
     "iter_stats",
+    "record",
 ]
 
 logger = logging.getLogger(__name__)
@@ -133,12 +134,6 @@ def _tally(key: _Key) -> _Tally | None:
     return tally
 
 
-def _lock_key(lock: Any, name: str) -> _Key:
-    if lock is None:
-        return (None, name)
-    return (getattr(lock, "using", None), getattr(lock, "stats_name", None) or name)
-
-
 def _ensure_flusher() -> None:
     global _flusher
     if _flusher is not None:
@@ -161,99 +156,49 @@ def _flush_forever() -> None:
             logger.exception("django_redislock: statistics flush failed")
 
 
-# --- receivers (hot path: no I/O) -------------------------------------------------------------
+# --- recording (hot path: no I/O, no signal dispatch) ---------------------------------------
 
 
-def _record(key: _Key, update: Callable[[_Tally], None]) -> None:
-    """Apply ``update`` to the tally of ``key`` (when statistics are on and there is room)."""
+def record(
+    using: str | None,
+    stats_name: str,
+    event: str,
+    seconds: float = 0.0,
+    contended: bool = False,
+) -> None:
+    """Count one event of ``stats_name``: ``"acquired"`` (``seconds`` waited), ``"failed"``,
+    ``"released"`` (``seconds`` held), ``"lost"`` or ``"force_released"``.
+
+    The engine calls this directly (a dict update under a mutex), so statistics cost no signal
+    dispatch per event; the signals are sent only when someone else listens.
+    """
     if not _enabled():
         return
     with _mutex:
-        tally = _tally(key)
+        tally = _tally((using, stats_name))
         if tally is not None:
-            update(tally)
+            if event == "acquired":
+                tally.acquired += 1
+                tally.contended += bool(contended)
+                tally.wait_total += seconds
+                tally.wait_max = max(tally.wait_max, seconds)
+            elif event == "released":
+                tally.released += 1
+                tally.hold_total += seconds
+                tally.hold_max = max(tally.hold_max, seconds)
+            else:
+                setattr(tally, event, getattr(tally, event) + 1)
     _ensure_flusher()
 
 
-def _on_acquired(
-    sender: Any,
-    *,
-    lock: Any = None,
-    name: str,
-    waited: float = 0.0,
-    contended: bool = False,
-    **kwargs: Any,
-) -> None:
-    def update(tally: _Tally) -> None:
-        tally.acquired += 1
-        tally.contended += bool(contended)
-        tally.wait_total += waited
-        tally.wait_max = max(tally.wait_max, waited)
-
-    _record(_lock_key(lock, name), update)
-
-
-def _on_acquire_failed(sender: Any, *, lock: Any = None, name: str, **kwargs: Any) -> None:
-    def update(tally: _Tally) -> None:
-        tally.failed += 1
-
-    _record(_lock_key(lock, name), update)
-
-
-def _on_released(
-    sender: Any, *, lock: Any = None, name: str, held: float = 0.0, **kwargs: Any
-) -> None:
-    def update(tally: _Tally) -> None:
-        tally.released += 1
-        tally.hold_total += held
-        tally.hold_max = max(tally.hold_max, held)
-
-    _record(_lock_key(lock, name), update)
-
-
-def _on_lost(sender: Any, *, lock: Any = None, name: str, **kwargs: Any) -> None:
-    def update(tally: _Tally) -> None:
-        tally.lost += 1
-
-    _record(_lock_key(lock, name), update)
-
-
-def _on_force_released(
-    sender: Any, *, name: str, using: str | None = None, released: bool = False, **kwargs: Any
-) -> None:
-    def update(tally: _Tally) -> None:
-        tally.force_released += 1
-
-    if released:
-        _record((using, name), update)
-
-
-_RECEIVERS = {
-    "lock_acquired": _on_acquired,
-    "lock_acquire_failed": _on_acquire_failed,
-    "lock_released": _on_released,
-    "lock_lost": _on_lost,
-    "lock_force_released": _on_force_released,
-}
-
-
 def connect_receivers() -> None:
-    """Connect the statistics receivers to the lock signals (idempotent; ``AppConfig.ready``)."""
-    from django_redislock import signals
-
-    for signal_name, receiver in _RECEIVERS.items():
-        getattr(signals, signal_name).connect(
-            receiver, dispatch_uid=f"django_redislock.stats.{signal_name}"
-        )
+    """Kept for compatibility: statistics are recorded by the engine directly (see
+    :func:`record`), not through signal receivers any more."""
 
 
 def disconnect_receivers() -> None:
-    from django_redislock import signals
-
-    for signal_name in _RECEIVERS:
-        getattr(signals, signal_name).disconnect(
-            dispatch_uid=f"django_redislock.stats.{signal_name}"
-        )
+    """Kept for compatibility (see :func:`connect_receivers`); turn statistics off with
+    ``REDISLOCK["STATS"] = False``."""
 
 
 # --- flushing ----------------------------------------------------------------------------------

@@ -55,8 +55,11 @@ class Waiter:
         self.token: int | None = None
         self.recheck_at = float("inf")
         self._loop = loop
-        self._event = threading.Event() if loop is None else None
-        self._aevent = asyncio.Event() if loop is not None else None
+        # Created when the waiter first sleeps: most acquisitions never wait. notify() sets the
+        # fields before it looks for an event, and wait() creates the event before it looks at
+        # the fields, so a message arriving in between is never missed.
+        self._event: threading.Event | None = None
+        self._aevent: asyncio.Event | None = None
 
     def _set(self) -> None:
         if self._event is not None:
@@ -85,7 +88,8 @@ class Waiter:
 
     def wait(self, until: float) -> None:
         """Sleep until handed the lock, or ``min(until, recheck_at)`` (monotonic seconds)."""
-        assert self._event is not None
+        if self._event is None:
+            self._event = threading.Event()
         while not self.handed:
             timeout = self._timeout(until)
             if timeout <= 0 or not self._event.wait(timeout):
@@ -94,7 +98,8 @@ class Waiter:
 
     async def await_(self, until: float) -> None:
         """:meth:`wait` for an asyncio task."""
-        assert self._aevent is not None
+        if self._aevent is None:
+            self._aevent = asyncio.Event()
         while not self.handed:
             timeout = self._timeout(until)
             if timeout <= 0:

@@ -44,8 +44,9 @@ SLOW_FIXTURES = frozenset(
 
 #: Tests that build multi-process topologies (Redis Cluster, Sentinel, independent masters): CI
 #: runs them as a step of their own (`make test-topology`), so `make test` stays under 10 minutes.
-TOPOLOGY_FILES = frozenset({"test_cluster.py", "test_sentinel.py", "test_redlock.py",
-                            "test_harness.py"})
+TOPOLOGY_FILES = frozenset(
+    {"test_cluster.py", "test_sentinel.py", "test_redlock.py", "test_harness.py"}
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

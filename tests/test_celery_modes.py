@@ -199,7 +199,9 @@ def test_a_deduplicated_publish_is_not_a_failed_acquisition(empty_unconsumed_que
     assert [task.delay(2).id for _ in range(3)] == [first.id] * 3
     stats.flush()
     figures = stats.get_stats(task.name)
-    assert figures is not None and figures.failed == 0, figures
+    # Publish-time holds are quiet (the run counts the acquisition); a deduplication is never a
+    # failed acquisition (task_deduplicated reports it).
+    assert figures is None or (figures.failed, figures.acquired) == (0, 0), figures
 
 
 # -- the matrix: success and failure ----------------------------------------------------------

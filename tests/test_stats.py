@@ -110,9 +110,9 @@ def test_decorated_locks_are_aggregated_under_the_key_template():
 
 
 def test_maxima_only_grow_across_flushes():
-    stats._on_released(None, lock=None, name="m", held=0.5)
+    stats.record(None, "m", "released", 0.5)
     stats.flush()
-    stats._on_released(None, lock=None, name="m", held=0.2)
+    stats.record(None, "m", "released", 0.2)
     s = figures("m")
     assert s.hold_max == 0.5
     assert s.hold_total == pytest.approx(0.7)
@@ -172,7 +172,7 @@ def test_figures_are_kept_while_redis_is_unreachable(caplog):
             "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5},
         }
     }
-    stats._on_acquired(None, lock=None, name="kept", waited=0.1, contended=True)
+    stats.record(None, "kept", "acquired", 0.1, contended=True)
     with override_settings(CACHES=down):
         stats.flush()
     assert "could not write lock statistics" in caplog.text
@@ -197,14 +197,14 @@ def test_a_process_flushes_its_figures_at_exit():
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def test_a_forked_child_does_not_count_its_parents_figures_again():
-    stats._on_acquired(None, lock=None, name="forked", waited=0.0)  # pending in the parent
+    stats.record(None, "forked", "acquired")  # pending in the parent
     pid = os.fork()
     if pid == 0:  # child: must start empty, and record its own events
         status = 0
         try:
             if stats._pending or stats._flusher is not None:
                 status = 3
-            stats._on_acquired(None, lock=None, name="forked", waited=0.0)
+            stats.record(None, "forked", "acquired")
             stats.flush()
         except BaseException:
             status = 4

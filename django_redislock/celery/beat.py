@@ -470,4 +470,3 @@ class LeaderSchedulerMixin(_SchedulerBase):
 
 class LeaderScheduler(LeaderSchedulerMixin, PersistentScheduler):
     """Celery's default scheduler (local shelve file) behind a leader lease."""
-
