@@ -89,13 +89,19 @@ local function enqueue(queue_key, entry_ms, waiter, owner, lease_ms, meta, prev,
   return entry
 end
 
--- Tell the next waiter in line to re-check when the new holder's lease (or claim window) ends.
-local function tell_next(queue_key, prefix, claim_ms)
+-- A waiter re-checks on its own no later than its entry's expiry minus this margin (the client
+-- sets entries to expire ENTRY_MARGIN = 2 s after its planned re-check: engine.ENTRY_MARGIN).
+local ENTRY_MARGIN_MS = 2000
+
+-- Tell the next waiter in line to re-check when the new holder's lease (or claim window) ends,
+-- if it would otherwise re-check later than that (a new holder that dies or freezes then costs
+-- at most its own lease). Usually its own timer is earlier already, and nothing is sent.
+local function tell_next(queue_key, prefix, lease_ms, now)
   local nxt = redis.call('LINDEX', queue_key, 0)
   if nxt then
-    local _, w2 = parse_entry(nxt)
-    if w2 then
-      redis.call('PUBLISH', channel_of(prefix, w2), string.format('r %s %d', w2, claim_ms))
+    local x2, w2 = parse_entry(nxt)
+    if w2 and now + lease_ms < tonumber(x2) - ENTRY_MARGIN_MS then
+      redis.call('PUBLISH', channel_of(prefix, w2), string.format('r %s %d', w2, lease_ms))
     end
   end
 end
@@ -168,7 +174,7 @@ local function hand_off(lock_key, fence_key, queue_key, prefix, trust, claim_ms)
   -- then, should the new holder die or freeze without releasing.
   local lease = trust == '1' and l or tonumber(claim_ms)
   redis.call('SET', lock_key, record(o, 1, token, now, w, m), 'PX', lease)
-  tell_next(queue_key, prefix, lease)
+  tell_next(queue_key, prefix, lease, now)
   return token
 end
 
@@ -239,7 +245,7 @@ local function sem_hand_off(sem_key, rec_key, fence_key, queue_key, prefix, trus
   end
   if handed > 0 then
     local first = redis.call('ZRANGE', sem_key, 0, 0, 'WITHSCORES')
-    tell_next(queue_key, prefix, math.max(1, tonumber(first[2]) - now))
+    tell_next(queue_key, prefix, math.max(1, tonumber(first[2]) - now), now)
   end
   sem_touch(sem_key, rec_key)
   return handed
