@@ -234,22 +234,27 @@ class Call(Op):
         return reply
 
     def sync(self, face: LockBase) -> Any:
+        try:
+            return self._sync(face)
+        except LockBackendError as exc:
+            if _transient(exc) != "pool":
+                raise
         # A sync pool that ran out of connections (threads beyond max_connections) frees one
         # within moments: wait for it rather than fail (async pools block by themselves).
         give_up = time.monotonic() + POOL_RETRY_BUDGET
         pause = 0.001
         while True:
+            time.sleep(pause)
             try:
                 return self._sync(face)
             except LockBackendError as exc:
                 if _transient(exc) != "pool" or time.monotonic() + pause > give_up:
                     raise
-            time.sleep(pause)
             pause = min(pause * 2, 0.05)
 
     def _sync(self, face: LockBase) -> Any:
         client = face._target().client
-        with connection.backend_errors(self.action):
+        try:
             if not self.replicas:
                 return self.script(client, self.keys, self.args)
             reply, acked = scripts.call_and_wait(
@@ -260,6 +265,8 @@ class Call(Op):
                 self.replicas,
                 self.replicas_timeout_ms,
             )
+        except redis_errors.RedisError as exc:
+            raise connection.backend_error(exc, self.action) from exc
         return self._checked(reply, acked)
 
     async def async_(self, face: LockBase) -> Any:

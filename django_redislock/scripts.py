@@ -76,12 +76,14 @@ class Script:
         return type(exc)(message)
 
     def _call(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        # execute_command directly: redis-py's evalsha() wrapper (argument deprecation checks)
+        # costs a few microseconds per call on the hot path, for the same command.
         try:
             try:
-                return client.evalsha(self.sha, len(keys), *keys, *args)
+                return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
             except NoScriptError:
                 client.script_load(self.source)
-                return client.evalsha(self.sha, len(keys), *keys, *args)
+                return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
         except ResponseError as exc:
             if isinstance(exc, _MIGRATING):
                 raise
@@ -90,10 +92,10 @@ class Script:
     async def _acall(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
             try:
-                return await client.evalsha(self.sha, len(keys), *keys, *args)
+                return await client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
             except NoScriptError:
                 await client.script_load(self.source)
-                return await client.evalsha(self.sha, len(keys), *keys, *args)
+                return await client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
         except ResponseError as exc:
             if isinstance(exc, _MIGRATING):
                 raise
@@ -101,6 +103,10 @@ class Script:
 
     def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run the script; on a Cluster, retried while its slot is being migrated."""
+        try:
+            return self._call(client, keys, args)
+        except _MIGRATING:
+            pass
         for pause in _migration_pauses():
             try:
                 return self._call(client, keys, args)
@@ -112,6 +118,10 @@ class Script:
 
     async def acall(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """:meth:`__call__` for a ``redis.asyncio`` client."""
+        try:
+            return await self._acall(client, keys, args)
+        except _MIGRATING:
+            pass
         for pause in _migration_pauses():
             try:
                 return await self._acall(client, keys, args)
