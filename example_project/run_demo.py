@@ -2,18 +2,22 @@
 """Run the whole django-redislock demo with one command, and stop all of it with Ctrl-C.
 
 Starts, in this order: a private ``redis-server`` (unless ``REDIS_URL`` is set), ``migrate``, the
-demo superuser, a Celery worker (prefork), Celery beat and ``runserver``. Each child gets its own
-process group, so the terminal's Ctrl-C reaches only this supervisor, which then stops the
-children in a safe order (web, beat, worker with a grace period for running jobs, Redis last),
+demo superuser, a Celery worker (prefork), two Celery beats (``beat-1``, ``beat-2``: one leader,
+one standby, ``LeaderScheduler``), uvicorn serving ``demo/asgi.py`` (every page, and the async
+view under ``AsyncLock``), and once that answers, ``traffic`` (bursts of concurrent requests to
+the async view, so the admin's lock statistics have data). Each child gets its own process group,
+so the terminal's Ctrl-C reaches only this supervisor, which then stops the children in a safe
+order (traffic and web, the beats, the worker with a grace period for running jobs, Redis last),
 kills whatever is left by PID, and exits. Children also get SIGTERM if the supervisor itself dies
 (Linux ``PR_SET_PDEATHSIG``), so even ``kill -9`` of the supervisor leaves nothing behind.
 
 Two demos from one checkout run side by side: everything a demo writes (SQLite database, beat
-schedule and pidfile, the embedded Redis's folder and ``redis.url``) lives in a folder of its own
+schedules and pidfiles, the embedded Redis's folder and ``redis.url``) lives in a folder of its own
 port, ``example_project/var/<port>/``, each starts its own Redis, and a lock file there refuses a
 second supervisor on the same folder before it touches anything.
 
-Usage: ``python example_project/run_demo.py [--port 8000] [--var-dir DIR] [--concurrency 3]``.
+Usage: ``python example_project/run_demo.py [--port 8000] [--var-dir DIR] [--concurrency 3]
+[--beats 2] [--no-traffic]``.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from typing import IO
 from django_redislock.testing import RedisServer, RedisServerNotFound
 
 HERE = Path(__file__).resolve().parent
+#: The admin's lock statistics page (its charts need the contended traffic ``traffic`` makes).
+STATS_PATH = "admin/django_redislock/lock/statistics/"
 #: Default parent of the per-port folders; DEMO_VAR_ROOT moves it (demo/settings.py agrees).
 VAR_ROOT = Path(os.environ.get("DEMO_VAR_ROOT") or HERE / "var")
 OUTPUT_LOCK = threading.RLock()  # re-entrant: the signal handler prints too
@@ -297,6 +303,24 @@ class Supervisor:
     def manage(self, *args: str) -> list[str]:
         return [sys.executable, "manage.py", *args]
 
+    def uvicorn(self, host: str, port: int) -> list[str]:
+        """uvicorn serving ``demo/asgi.py``: sync pages, the admin and the async view."""
+        return [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "demo.asgi:application",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--lifespan",
+            "off",  # Django has no lifespan handler
+            "--no-access-log",  # the page polls every second; the beats' lines stay readable
+            "--timeout-graceful-shutdown",
+            "5",
+        ]
+
     def start_redis(self) -> str:
         """A private redis-server, started exactly as the test-suite starts its own.
 
@@ -357,7 +381,7 @@ class Supervisor:
             say(
                 "demo",
                 f"port {opts.port} is in use: try `make demo PORT={other}` (a demo on another "
-                "port runs beside this one, with its own Redis, database and beat)",
+                "port runs beside this one, with its own Redis, database and beats)",
             )
             return 1
         try:
@@ -406,32 +430,40 @@ class Supervisor:
                     f"demo-{opts.port}@%h",
                 ],
             )
-            if not opts.no_beat:
+            # Beats with the leader scheduler (demo/settings.py): one sends the schedule, the
+            # others stand by, each with its own schedule file and pidfile.
+            for number in range(1, opts.beats + 1):
                 self.spawn(
-                    "beat",
+                    f"beat-{number}",
                     [
                         *celery,
                         "beat",
                         "-l",
                         "info",
                         "-s",
-                        str(self.var_dir / "celerybeat-schedule"),
+                        str(self.var_dir / f"celerybeat-{number}-schedule"),
                         "--pidfile",
-                        str(self.var_dir / "celerybeat.pid"),
+                        str(self.var_dir / f"celerybeat-{number}.pid"),
                     ],
                 )
-            self.spawn(
-                "web",
-                self.manage("runserver", f"{opts.host}:{opts.port}", "--noreload"),
-            )
+            self.spawn("web", self.uvicorn(opts.host, opts.port))
             base_url = f"http://{opts.host}:{opts.port}/"
             self.wait_until_ready(base_url)
+            if not opts.no_traffic:
+                self.spawn("traffic", self.manage("lock_traffic", "--url", base_url))
             say("demo", f"ready: {base_url}")
             say(
                 "demo",
                 f"admin: {base_url}admin/  login {json.dumps(user)} password "
                 f"{json.dumps(password)}",
             )
+            say("demo", f"lock statistics: {base_url}{STATS_PATH}")
+            say(
+                "demo",
+                f"async view under AsyncLock (uvicorn, ASGI): curl -X POST {base_url}counter/demo/",
+            )
+            if opts.beats > 1:
+                say("demo", "beats: one logs 'leader', the others 'standing by'")
             say("demo", "press Ctrl-C to stop everything")
             while not self.stopping:
                 self.check_children()
@@ -448,37 +480,38 @@ class Supervisor:
         return status
 
     def shutdown(self) -> None:
-        """Web and beat first (no new work), then the worker (finish running jobs), Redis last."""
+        """Traffic, web and beats first (no new work), then the worker (finish running jobs),
+        Redis last. The children of one stage (the beats) get their signal together."""
         for child in self.children:
             child.remember_descendants()
-        by_name = {c.name: c for c in self.children}
-        order = [
-            ("web", signal.SIGINT, 5.0),
-            ("beat", signal.SIGTERM, 5.0),
-            ("worker", signal.SIGTERM, self.opts.grace),  # warm shutdown
-            ("setup", signal.SIGTERM, 5.0),
-            ("migrate", signal.SIGTERM, 5.0),
-            ("redis", signal.SIGTERM, 5.0),
+        beats = [c.name for c in self.children if c.name.startswith("beat-")]
+        stages: list[tuple[list[str], signal.Signals, float]] = [
+            (["traffic"], signal.SIGTERM, 5.0),
+            (["web"], signal.SIGINT, 8.0),
+            (beats, signal.SIGTERM, 5.0),
+            (["worker"], signal.SIGTERM, self.opts.grace),  # warm shutdown
+            (["setup", "migrate"], signal.SIGTERM, 5.0),
+            (["redis"], signal.SIGTERM, 5.0),
         ]
-        for name, sig, grace in order:
-            child = by_name.get(name)
-            if child is None or not child.running():
-                continue
-            say("demo", f"stopping {name} (pid {child.pid})")
-            child.signal(sig)
+        for names, sig, grace in stages:
+            stage = [c for c in self.children if c.name in names and c.running()]
+            for child in stage:
+                say("demo", f"stopping {child.name} (pid {child.pid})")
+                child.signal(sig)
             deadline = time.monotonic() + grace
-            while child.running() and time.monotonic() < deadline and self.stop_requests < 2:
-                child.wait(0.1)
-            if child.running() and name == "worker" and self.stop_requests < 2:
-                say("demo", "worker still busy: cold shutdown")
-                child.signal(signal.SIGQUIT)
-                child.wait(3)
+            for child in stage:
+                while child.running() and time.monotonic() < deadline and self.stop_requests < 2:
+                    child.wait(0.1)
+                if child.running() and child.name == "worker" and self.stop_requests < 2:
+                    say("demo", "worker still busy: cold shutdown")
+                    child.signal(signal.SIGQUIT)
+                    child.wait(3)
         for child in self.children:
             killed = child.kill_stragglers()
             if killed:
                 say("demo", f"killed leftover processes of {child.name}: {killed}")
         url_file = self.var_dir / "redis.url"
-        if "redis" in by_name:
+        if any(c.name == "redis" for c in self.children):
             url_file.unlink(missing_ok=True)
         if self.var_lock is not None:
             self.var_lock.close()  # releases the flock; the file itself is harmless
@@ -503,8 +536,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=15.0,
         help="seconds the worker may take to finish running jobs on shutdown",
     )
-    parser.add_argument("--no-beat", action="store_true", help="do not start Celery beat")
-    return Supervisor(parser.parse_args(argv)).run()
+    parser.add_argument(
+        "--beats",
+        type=int,
+        default=2,
+        help="Celery beats to start (leader election: one sends, the others stand by)",
+    )
+    parser.add_argument("--no-beat", action="store_true", help="start no Celery beat (--beats 0)")
+    parser.add_argument(
+        "--no-traffic",
+        action="store_true",
+        help="do not send the background requests that feed the lock statistics",
+    )
+    opts = parser.parse_args(argv)
+    if opts.no_beat:
+        opts.beats = 0
+    if opts.beats < 0:
+        parser.error("--beats must be 0 or more")
+    return Supervisor(opts).run()
 
 
 if __name__ == "__main__":

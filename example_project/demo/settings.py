@@ -60,6 +60,7 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 ROOT_URLCONF = "demo.urls"
 WSGI_APPLICATION = "demo.wsgi.application"
+ASGI_APPLICATION = "demo.asgi.application"  # what `make demo` serves, with uvicorn
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 STATIC_URL = "/static/"
 
@@ -148,11 +149,23 @@ CELERY_BEAT_SCHEDULE = {
     "inventory-sync": {"task": "reports.tasks.sync_inventory", "schedule": DEMO_SYNC_INTERVAL},
 }
 
+# `make demo` runs two beats: the leader sends the schedule, the other stands by and takes over
+# within one lease (REDISLOCK["TIMEOUT"], 10 s here) after the leader stops. Both log which they
+# are. A short loop interval: a standby reports "standing by" (and answers a remote-control ping)
+# within a second instead of after a whole lease.
+CELERY_BEAT_SCHEDULER = "django_redislock.celery.beat:LeaderScheduler"
+CELERY_BEAT_MAX_LOOP_INTERVAL = 1.0
+
 # Celery's worker and beat replace the root handler with their own, so log through the root only.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
-    "loggers": {"django_redislock": {"level": "INFO"}, "reports": {"level": "INFO"}},
+    "loggers": {
+        "django_redislock": {"level": "INFO"},
+        "reports": {"level": "INFO"},
+        # Not a WARNING per 409 of the counter view: the demo's traffic gives up on purpose.
+        "django.request": {"level": "ERROR"},
+    },
 }

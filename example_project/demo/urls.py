@@ -9,5 +9,6 @@ urlpatterns = [
     path("enqueue/invoice/", views.enqueue_invoice, name="enqueue-invoice"),
     path("enqueue/import/", views.enqueue_import, name="enqueue-import"),
     path("status.json", views.status, name="status"),
+    path("counter/<slug:name>/", views.counter, name="counter"),
     path("admin/", admin.site.urls),
 ]

@@ -1,16 +1,25 @@
-"""The demo page: buttons that enqueue duplicate jobs, and a live count of what really ran."""
+"""The demo page: buttons that enqueue duplicate jobs, and a live count of what really ran.
+
+Plus one ``async def`` view, :func:`counter`, that guards a read-modify-write with ``AsyncLock``
+(the demo is served by uvicorn, ``demo/asgi.py``, so it runs on the server's event loop).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import math
+import time
 from collections import defaultdict
 from itertools import pairwise
 from typing import Any
 
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.core.cache import cache
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
 from django.shortcuts import redirect, render
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
-from django_redislock import list_locks
+from django_redislock import AsyncLock, LockNotAcquiredError, list_locks
 
 from . import tasks
 from .models import Execution
@@ -128,3 +137,64 @@ def status(request: HttpRequest) -> JsonResponse:
 
         data["workers"] = len(app.control.ping(timeout=1.0) or [])
     return JsonResponse(data)
+
+
+#: How long the counter's read-modify-write keeps the value in hand: long enough that, without
+#: the lock, concurrent requests would read the same value and lose increments.
+COUNTER_HOLD_SECONDS = 0.01
+#: The longest a request waits for the counter's lock (``?patience=`` asks for less).
+COUNTER_MAX_PATIENCE = 30.0
+
+
+def _counter_key(name: str) -> str:
+    return f"async-counter:{name}"
+
+
+def _patience(request: HttpRequest) -> float:
+    try:
+        value = float(request.GET.get("patience", COUNTER_MAX_PATIENCE))
+    except ValueError:
+        return COUNTER_MAX_PATIENCE
+    if not math.isfinite(value):
+        return COUNTER_MAX_PATIENCE
+    return max(0.0, min(COUNTER_MAX_PATIENCE, value))
+
+
+# A JSON endpoint for scripts (curl, the demo's traffic generator): no form, so no CSRF token.
+@csrf_exempt
+async def counter(request: HttpRequest, name: str) -> HttpResponse:
+    """``GET``: the counter's value. ``POST``: add one to it under ``AsyncLock``.
+
+    The increment is a read, an ``await`` and a write through the cache — the classic lost-update
+    race between concurrent requests. ``AsyncLock(f"counter:{name}")`` makes them take turns
+    (waiters are woken by the release, the event loop serves other requests meanwhile), so the
+    counter counts every POST. The response carries the new value and the lock's fencing token:
+    ordered by value, the tokens only grow. ``?patience=S`` waits at most S seconds for the lock
+    (409 when it is still busy then).
+    """
+    key = _counter_key(name)
+    if request.method == "GET":
+        return JsonResponse({"name": name, "value": await cache.aget(key, 0)})
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["GET", "POST"])
+    patience = _patience(request)
+    asked = time.monotonic()
+    try:
+        async with AsyncLock(f"counter:{name}", blocking_timeout=patience) as lock:
+            waited = time.monotonic() - asked
+            value = int(await cache.aget(key, 0)) + 1
+            await asyncio.sleep(COUNTER_HOLD_SECONDS)  # other requests run meanwhile
+            await cache.aset(key, value, timeout=None)
+    except LockNotAcquiredError:
+        return JsonResponse(
+            {"name": name, "error": f"lock 'counter:{name}' still busy after {patience:g} s"},
+            status=409,
+        )
+    return JsonResponse(
+        {
+            "name": name,
+            "value": value,
+            "fencing_token": lock.fencing_token,
+            "waited": round(waited, 4),
+        }
+    )
