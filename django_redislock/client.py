@@ -21,6 +21,7 @@ __all__ = [
     "alock_exists",
     "aread_lock",
     "blocking_pop",
+    "delete_keys",
     "eviction_policy",
     "lock_exists",
     "read_beat_state",
@@ -158,6 +159,14 @@ def scan_keys(
         if index == len(primaries):
             return 0, [_text(k) for k in keys]
     return (node_next << _NODE_BITS) | index, [_text(k) for k in keys]
+
+
+def delete_keys(client: Any, keys: Sequence[str]) -> int:
+    """``DEL`` the given keys (testing's flush of one namespace); returns how many existed.
+
+    redis-py's ``RedisCluster`` splits a multi-key ``DEL`` by slot itself.
+    """
+    return int(client.delete(*keys)) if keys else 0
 
 
 @dataclass(frozen=True)

@@ -224,15 +224,17 @@ def on_drop(hook: Callable[[Hold], None]) -> None:
         _drop_hooks.append(hook)
 
 
-def forget_all() -> list[Hold]:
-    """Forget every hold of this process without touching Redis; returns them.
+def forget_all(where: Callable[[Hold], bool] | None = None) -> list[Hold]:
+    """Forget every hold of this process (or those ``where`` accepts) without touching Redis;
+    returns them.
 
     For test suites that flush Redis between tests: a hold left over from one test must not be
     renewed (and reported lost) in the middle of the next.
     """
     with _mutex:
-        dropped = list(_table.values())
-        _table.clear()
+        dropped = [hold for hold in _table.values() if where is None or where(hold)]
+        for hold in dropped:
+            del _table[hold.ident]
     for hold in dropped:
         for hook in _drop_hooks:
             hook(hold)

@@ -106,6 +106,12 @@ class KeySpace:
         glob = "*" if not match else "".join(_TAG_ESCAPES.get(c, c) for c in match)
         return f"{escape_glob(self.namespace)}:?[oe][cm]*:{{{glob}}}"
 
+    @property
+    def namespace_pattern(self) -> str:
+        """SCAN pattern for every key of this namespace (locks, fences, queues, semaphores,
+        statistics, beat state), and nothing outside it: the namespace is escaped."""
+        return f"{escape_glob(self.namespace)}:*"
+
     def kind_of(self, key: str) -> str | None:
         """``"lock"`` or ``"semaphore"`` for a holder key of this namespace, else ``None``."""
         for kind, segment in (("lock", "lock"), ("semaphore", "sem")):

@@ -28,6 +28,7 @@ SLOW_FIXTURES = frozenset(
     {
         "holders",
         "redis_factory",
+        "demo_factory",
         "worker",
         "live_server",
         "browser_page",

@@ -9,7 +9,12 @@ under ``AsyncLock`` count concurrent requests, the traffic's lock on the statist
 guarded management command refuse to run twice, then presses Ctrl-C (SIGINT) and checks that
 every process the demo started is gone. A second run with ``REDIS_URL`` set uses that server
 (and leaves it running on exit). Two demos from one checkout run side by side, as the "port in
-use" hint promises, and a supervisor started on a running demo's folder is refused.
+use" hint promises, and a supervisor started on a running demo's folder is refused. (Those tests
+use ``demo_factory``, which ``conftest.py`` counts as slow.)
+
+The example project's own tests (``example_project/reports/tests/``, written as a project would
+write them, with django-redislock's pytest plugin) run here too, in a pytest of their own: a
+second or so, no demo needed.
 """
 
 from __future__ import annotations
@@ -37,8 +42,6 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.redis_server import RedisServer, free_port
-
-pytestmark = pytest.mark.slow  # the whole demo: Redis, worker, beats, uvicorn
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "example_project"
@@ -237,6 +240,21 @@ def gone(pid: int, created: float) -> bool:
         return proc.create_time() != created or proc.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def test_the_example_projects_own_tests_pass_with_the_pytest_plugin() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in {"DJANGO_SETTINGS_MODULE", "REDIS_URL"}}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=DEMO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"\b5 passed\b", proc.stdout), proc.stdout
 
 
 def test_demo_single_flight_admin_and_clean_shutdown(demo_factory: DemoFactory) -> None:

@@ -6,6 +6,18 @@ the message headers, ``__call__`` begins/ends the flight around the body, a busy
 ``SKIPPED`` or is rescheduled, and ``retry()``/a same-key ``replace()`` (published from inside the
 body) take the flight's hand-over. See the package docstring for the protocol end to end; the
 worker main process's part (children that die, revoked messages) is in :mod:`.worker`.
+
+Eager runs (``task_always_eager``, ``apply()``) take and release the same locks around the body,
+in the caller's thread, so tests in eager mode see the single-flight semantics against real
+Redis. Nothing there may wait for a run further up the same thread (it would never end) or be
+re-published (an eager re-publish runs at once, finding the key as busy as before), so:
+
+- a busy delivery is skipped: ``apply()`` returns an ``EagerResult`` in state ``SKIPPED`` whose
+  ``result``/``info`` is ``{"key", "holder", "reason"}`` (a worker stores the same);
+- a delivery that would wait for, or be rescheduled behind, a run of its key up its own thread
+  (a coalesce follow-up published from the body, ``lock_on_busy="reschedule"``) runs right after
+  that run ended, in the same thread; the call that published it gets its ``AsyncResult``;
+- ``lock_on_busy="reschedule"`` behind any other holder is skipped.
 """
 
 from __future__ import annotations
@@ -16,6 +28,7 @@ from typing import Any, NoReturn
 
 from celery.contrib.django.task import DjangoTask
 from celery.exceptions import Ignore, Retry
+from celery.result import EagerResult
 from celery.utils import uuid as celery_uuid
 
 from django_redislock import singleflight
@@ -34,6 +47,17 @@ logger = logging.getLogger("django_redislock.celery")
 SKIPPED = "SKIPPED"
 
 _RUN_ATTR = "_redislock_run"
+
+
+class _Skipped(Ignore):
+    """The delivery did not run its body (``meta``: key, holder, reason). An ``Ignore``: a worker
+    stores nothing more; an eager ``apply()`` turns it into state ``SKIPPED``."""
+
+    meta: dict[str, Any]
+
+
+class _Deferred(Ignore):
+    """Eager only: the delivery runs once the run of its key up this thread ended."""
 
 
 class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
@@ -150,12 +174,21 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
             return self._duplicate(
                 outcome, own_id=task_id, explicit_id=explicit_id, publish=publish, options=options
             )
+        eager = bool(self.app.conf.task_always_eager)
+        if eager:
+            runs.eager_publish_starts(task_id)
         try:
             return self._publish(outcome, args, kwargs, task_id, publish, options)
         except BaseException:
-            # Not published (or unknown): free the key before the error propagates.
-            singleflight.unreserve(rules, outcome, task_id)
+            # Not published (or unknown): free the key before the error propagates. Unless an
+            # eager run began: then the error is the body's, and the run's end freed the key
+            # (or kept an until_expired window, which must stay).
+            if not (eager and runs.eager_publish_began_run(task_id)):
+                singleflight.unreserve(rules, outcome, task_id)
             raise
+        finally:
+            if eager:
+                runs.eager_publish_ends(task_id)
 
     def _publish(
         self,
@@ -234,13 +267,58 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         return self.AsyncResult(existing)
 
     # -- run -----------------------------------------------------------------------------------
+    def apply(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        task_id: str | None = None,
+        retries: int | None = None,
+        throw: bool | None = None,
+        logfile: str | None = None,
+        loglevel: str | None = None,
+        headers: Any = None,
+        **options: Any,
+    ) -> Any:
+        """Run the task here and now (``task_always_eager`` calls this too), with its locks.
+
+        A delivery skipped because its key was busy returns an ``EagerResult`` in state
+        ``SKIPPED`` (``.info``: key, holder, reason); one deferred behind a run of its key further
+        up this thread returns its ``AsyncResult``: it runs when that run ended.
+        """
+        result = super().apply(
+            args,
+            kwargs,
+            link=link,
+            link_error=link_error,
+            task_id=task_id,
+            retries=retries,
+            throw=throw,
+            logfile=logfile,
+            loglevel=loglevel,
+            headers=headers,
+            **options,
+        )
+        outcome = result.result
+        if isinstance(outcome, _Skipped):
+            return EagerResult(result.id, outcome.meta, SKIPPED, name=self.name)
+        if isinstance(outcome, _Deferred):
+            return self.AsyncResult(result.id)
+        return result
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
         if request.called_directly:
             # A plain function call (``sync(1)``), not a delivery: no lock, as documented.
             return super().__call__(*args, **kwargs)
+        eager = bool(request.is_eager)
+        if eager:
+            runs.eager_run_begins(str(request.id))
         run = runs.Run(self.name, self._begin(request, args, kwargs))
         runs.add(run)
+        if eager:
+            runs.push_eager(run)
         vars(request)[_RUN_ATTR] = run  # per request, so per thread in a threads-pool worker
         try:
             # The tracer already pushed this task and its request; Task.__call__ would push a bare
@@ -248,13 +326,24 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
             return self.run(*args, **kwargs)
         finally:
             runs.remove(run)
+            if eager:
+                runs.pop_eager(run)
             vars(request).pop(_RUN_ATTR, None)
             singleflight.end(run.flight)
+            # Eager: what would have waited for this run (or been rescheduled behind it) runs now.
+            for follow_up in run.deferred:
+                follow_up()
 
     def _begin(self, request: Any, args: Any, kwargs: Any) -> singleflight.Flight:
         headers = headers_of(request)
         key = headers.get(HEADER_KEY) or self.lock_name(args, kwargs)
         ticket = ticket_of(headers, key)
+        if request.is_eager and self.flight_rules.mode == singleflight.COALESCE:
+            running = runs.eager_runner(key)
+            if running is not None:
+                # A follow-up published from the body of the run it would wait for: that run
+                # cannot end while we wait in its own thread. Run once it ended, as a worker would.
+                self._defer_behind(running, self.signature_from_request(request, args, kwargs))
         try:
             return singleflight.begin(
                 self.flight_rules, key, request.id, ticket, attempt=ticket.attempt
@@ -269,8 +358,14 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
     ) -> NoReturn:
         """Publish this delivery again after the reschedule countdown (same task id, same
         ``retries``: not counted against ``max_retries``), through the mode's publish step; a
-        publish that finds the key queued already is covered by that message: skipped."""
+        publish that finds the key queued already is covered by that message: skipped.
+
+        Eager: deferred behind the run of the key up this thread, if there is one; else skipped
+        (an eager re-publish would run at once and find the same holder)."""
         rules = self.flight_rules
+        behind = runs.eager_runner(busy.key) if request.is_eager else None
+        if request.is_eager and behind is None:
+            self._skip(busy.key, busy.holder, busy.reason)
         countdown = rules.reschedule_delay()
         outcome = singleflight.reserve(rules, busy.key, request.id, delay=countdown)
         if isinstance(outcome, Duplicate):
@@ -284,6 +379,8 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
             **dict(options.get("headers") or {}),
             **ticket_headers(following, self.lock_using),
         }
+        if behind is not None:
+            self._defer_behind(behind, sig.clone(headers=options["headers"]), busy=busy)
         try:
             super().apply_async(sig.args, sig.kwargs, **options)
         except BaseException:
@@ -310,16 +407,41 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         when: Any = countdown  # celery-types wants numbers.Real, which mypy cannot match a float to
         raise Retry(f"lock {busy.key!r} is busy: rescheduled", when=when, sig=sig)
 
+    def _defer_behind(self, running: runs.Run, sig: Any, busy: Busy | None = None) -> NoReturn:
+        """Eager: run ``sig`` in this thread once ``running`` ended; end this delivery now."""
+        running.deferred.append(sig.apply)
+        logger.info(
+            "Task %s[%s] runs after task %s[%s] ends: eager mode, lock %r is held up this thread.",
+            self.name,
+            self.request.id,
+            running.task_name,
+            running.task_id,
+            running.key,
+        )
+        if busy is not None:
+            task_rescheduled.send_robust(
+                type(self),
+                task=self,
+                task_id=self.request.id,
+                key=busy.key,
+                holder=busy.holder,
+                reason=busy.reason,
+                countdown=0.0,
+            )
+        raise _Deferred(f"runs after task {running.task_id} ends (lock {running.key!r})")
+
     def _skip(self, key: str, holder: str | None, reason: str) -> NoReturn:
         """End this delivery without running the body: state ``SKIPPED``, log, signal, Ignore."""
-        task_id = self.request.id
+        request = self.request
+        task_id = request.id
         meta = {"key": key, "holder": holder, "reason": reason}
-        try:
-            self.update_state(task_id=task_id, state=SKIPPED, meta=meta)
-        except Exception:  # a disabled/failing result backend must not hide the skip itself
-            logger.warning(
-                "Could not store the SKIPPED state of %s[%s]", self.name, task_id, exc_info=True
-            )
+        if not request.is_eager or self.app.conf.task_store_eager_result:
+            try:
+                self.update_state(task_id=task_id, state=SKIPPED, meta=meta)
+            except Exception:  # a disabled/failing result backend must not hide the skip itself
+                logger.warning(
+                    "Could not store the SKIPPED state of %s[%s]", self.name, task_id, exc_info=True
+                )
         logger.warning(
             "Task %s[%s] skipped: lock %r is held by %s (%s).",
             self.name,
@@ -331,4 +453,6 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         task_skipped.send_robust(
             type(self), task=self, task_id=task_id, key=key, holder=holder, reason=reason
         )
-        raise Ignore(f"skipped: lock {key!r} is held by {holder or 'another holder'}")
+        skipped = _Skipped(f"skipped: lock {key!r} is held by {holder or 'another holder'}")
+        skipped.meta = meta
+        raise skipped
