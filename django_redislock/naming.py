@@ -78,7 +78,7 @@ def compile_key(
     if unknown:
         raise ValueError(
             f"Lock key template {key!r} names {', '.join(repr(u) for u in unknown)}, which "
-            f"{'is' if len(unknown) == 1 else 'are'} not parameters of "
+            f"{'is not a parameter' if len(unknown) == 1 else 'are not parameters'} of "
             f"{func.__qualname__}{signature}."
         )
 
