@@ -81,27 +81,40 @@ def redis_server_class() -> Any:
     return RedisServer
 
 
-def configure_django(url: str, *, stats: bool = True) -> None:
+def configure_django(
+    url: str,
+    *,
+    stats: bool = True,
+    redislock: dict[str, Any] | None = None,
+    cache: dict[str, Any] | None = None,
+) -> None:
     """Django settings of every benchmark process: django-redis on the private server, our
-    defaults (statistics on, auto-renew on, 30 s lease)."""
+    defaults (statistics on, auto-renew on, 30 s lease).
+
+    ``redislock`` adds ``REDISLOCK`` keys (e.g. ``CLIENT`` for a Cluster) and ``cache`` replaces
+    the ``default`` cache entry (e.g. django-redis's Sentinel client): the topology sections'
+    workers are configured the way users configure those topologies.
+    """
     import django
     from django.conf import settings
 
     if settings.configured:
         return
-    redislock: dict[str, Any] = {} if stats else {"STATS": False}
+    redislock_settings: dict[str, Any] = {} if stats else {"STATS": False}
+    redislock_settings.update(redislock or {})
     settings.configure(
         SECRET_KEY="bench",
         USE_TZ=True,
         INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_redislock"],
         CACHES={
-            "default": {
+            "default": cache
+            or {
                 "BACKEND": "django_redis.cache.RedisCache",
                 "LOCATION": f"{url}/0",
                 "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 2, "SOCKET_TIMEOUT": 5},
             }
         },
-        REDISLOCK=redislock,
+        REDISLOCK=redislock_settings,
         LOGGING_CONFIG=None,
     )
     django.setup()
@@ -486,6 +499,7 @@ def machine_info(server_binary: str, conn: Any) -> dict[str, Any]:
         "django": _version("django"),
         "django_redis": _version("django-redis"),
         "python_redis_lock": _version("python-redis-lock"),
+        "py_redis_semaphore": _version("py-redis-semaphore"),
         "django_redislock": _version("django-redislock"),
         "commit": (_git("rev-parse", "--short", "HEAD") or "?") + ("+dirty" if dirty else ""),
         "redis_server": conn.info("server")["redis_version"],
@@ -507,6 +521,7 @@ def machine_lines(info: dict[str, Any]) -> list[str]:
         f"software: {info['python']}, redis-py {info['redis_py']} (parser {info['parser']}; "
         f"hiredis {'yes' if info['hiredis_used'] else 'no'}), Django {info['django']}, "
         f"django-redis {info['django_redis']}, python-redis-lock {info['python_redis_lock']}, "
+        f"py-redis-semaphore {info.get('py_redis_semaphore', 'not installed')}, "
         f"django-redislock {info['django_redislock']} @ {info['commit']}",
         f"server: Redis {info['redis_server']} ({info['redis_binary']}), TCP loopback; "
         f"date {info['date']}",
@@ -515,14 +530,16 @@ def machine_lines(info: dict[str, Any]) -> list[str]:
 
 # -- worker processes -----------------------------------------------------------------------------
 
-#: Set in a worker process: its index and the URL / PID of the server.
+#: Set in a worker process: its index, the URL / PID of the server and the pool's ``options``.
 WORKER: dict[str, Any] = {}
 
 
-def _worker_main(pipe: Connection, index: int, url: str, server_pid: int) -> None:
+def _worker_main(
+    pipe: Connection, index: int, url: str, server_pid: int, options: dict[str, Any]
+) -> None:
     """A benchmark process: runs jobs ``"module:function"`` on request until told to stop."""
-    WORKER.update(index=index, url=url, server_pid=server_pid)
-    configure_django(url)
+    WORKER.update(index=index, url=url, server_pid=server_pid, options=options)
+    configure_django(url, redislock=options.get("redislock"), cache=options.get("cache"))
     COUNTER.install()
     client().ping()
     pipe.send(("ready", index))
@@ -545,11 +562,17 @@ class WorkerError(RuntimeError):
 
 
 class WorkerPool:
-    """Spawned benchmark processes, driven over pipes; every one is stopped by its PID."""
+    """Spawned benchmark processes, driven over pipes; every one is stopped by its PID.
 
-    def __init__(self, url: str, server_pid: int) -> None:
+    ``options`` reach every worker as ``WORKER["options"]``; its ``redislock`` and ``cache`` keys
+    go to :func:`configure_django` (how the topology sections point workers at a Cluster or a
+    Sentinel setup).
+    """
+
+    def __init__(self, url: str, server_pid: int, options: dict[str, Any] | None = None) -> None:
         self.url = url
         self.server_pid = server_pid
+        self.options = dict(options or {})
         self._ctx = multiprocessing.get_context("spawn")
         self.pipes: list[Connection] = []
         self.procs: list[Any] = []
@@ -563,7 +586,7 @@ class WorkerPool:
             parent, child = self._ctx.Pipe()
             proc = self._ctx.Process(
                 target=_worker_main,
-                args=(child, index, self.url, self.server_pid),
+                args=(child, index, self.url, self.server_pid, self.options),
                 name=f"bench-worker-{index}",
                 daemon=True,
             )

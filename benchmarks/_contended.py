@@ -86,7 +86,7 @@ def many_keys(
     conn = c.client()
     clock = time.perf_counter
     latencies: list[list[float]] = [[] for _ in range(threads)]
-    counts = [[0, 0, 0] for _ in range(threads)]  # ops in window, failures, stalls
+    counts = [[0, 0, 0, 0] for _ in range(threads)]  # ops in window, failures, stalls, all ops
 
     def body(tid: int) -> None:
         rng = random.Random(seed * 1000 + tid)
@@ -102,6 +102,7 @@ def many_keys(
                 continue
             lock.release()
             took = clock() - t0
+            count[3] += 1
             if took > STALL_S:
                 count[2] += 1
             if t0 >= t_start + warm:
@@ -119,6 +120,7 @@ def many_keys(
         "ops": sum(x[0] for x in counts),
         "failures": sum(x[1] for x in counts),
         "stalls": sum(x[2] for x in counts),
+        "all_ops": sum(x[3] for x in counts),
         "cpu_s": time.process_time() - cpu,
     }
 

@@ -11,7 +11,7 @@ Besides the three libraries, two reference rows locate our cost:
 - ``django-redislock scripts only``: our acquire and release scripts called directly with
   prepared arguments (``EVALSHA`` x 2, no engine code), i.e. what our Lua and its arguments cost.
   The gap between it and ``django-redislock`` is the Python engine (validation, hold table,
-  watchdog registration, signals, statistics).
+  watchdog registration, statistics).
 """
 
 from __future__ import annotations
@@ -280,9 +280,7 @@ def _pieces(lock: Any) -> dict[str, float]:
     """
     import timeit
 
-    from django.dispatch import Signal
-
-    from django_redislock import Lock, holds, signals, stats, wakeups
+    from django_redislock import Lock, holds, stats, wakeups
     from django_redislock.watchdog import watchdog
 
     out: dict[str, float] = {}
@@ -293,10 +291,6 @@ def _pieces(lock: Any) -> dict[str, float]:
         except Exception:
             best = float("nan")
         out[label] = best / number * 1e6
-
-    sender = type(lock)
-    cached = Signal(use_caching=True)
-    cached.connect(stats._on_acquired, dispatch_uid="bench-cached")
 
     def waiter() -> None:
         w = wakeups.Waiter(holds.new_waiter_id())
@@ -318,21 +312,14 @@ def _pieces(lock: Any) -> dict[str, float]:
     measure("holds._current_task_id() (task-id providers)", holds._current_task_id)
     measure("Waiter() + register + unregister (every blocking acquire)", waiter)
     measure("watchdog.register + unregister", watch)
+    name = lock.stats_name
     measure(
-        "lock_acquired.send_robust (statistics receiver)",
-        lambda: signals.lock_acquired.send_robust(
-            sender, lock=lock, name=lock.name, token=1, waited=0.0, contended=False
-        ),
+        "stats.record acquired (statistics, no signal receivers)",
+        lambda: stats.record(None, name, "acquired", 0.0, False),
     )
     measure(
-        "same, Signal(use_caching=True)",
-        lambda: cached.send_robust(
-            sender, lock=lock, name=lock.name, token=1, waited=0.0, contended=False
-        ),
-    )
-    measure(
-        "lock_released.send_robust (statistics receiver)",
-        lambda: signals.lock_released.send_robust(sender, lock=lock, name=lock.name, held=0.0),
+        "stats.record released (statistics, no signal receivers)",
+        lambda: stats.record(None, name, "released", 0.0),
     )
     stats.flush()
     return out
@@ -343,9 +330,9 @@ def _ladder(rounds: int, per_round: int) -> list[dict[str, Any]]:
 
     Each rung removes one more piece (private API, monkeypatched in this process only):
     the busy-path machinery on the first attempt (generator, driver, ``Waiter``), the holder
-    metadata, auto-renewal, the two signals (statistics), down to our two scripts alone.
+    metadata, auto-renewal, the statistics (``stats.record``), down to our two scripts alone.
     """
-    from django_redislock import Lock, connection, holds, scripts, signals
+    from django_redislock import Lock, connection, holds, scripts, stats
     from django_redislock.engine import ENTRY_MARGIN
 
     meta = holds.metadata()
@@ -374,18 +361,16 @@ def _ladder(rounds: int, per_round: int) -> list[dict[str, Any]]:
         lock.fast, lock.const_meta = fast, const_meta
         return lock
 
-    quiet = {"lock_acquired": signals.lock_acquired, "lock_released": signals.lock_released}
+    record = stats.record
 
     def silenced(lock: Rung) -> Callable[[], None]:
         def cycle() -> None:
-            for signal in quiet.values():
-                signal.send_robust = _no_receivers  # type: ignore[method-assign]
+            stats.record = _no_receivers  # the engine calls ``stats.record`` by module attribute
             try:
                 lock.acquire()
                 lock.release()
             finally:
-                for signal in quiet.values():
-                    del signal.send_robust
+                stats.record = record
 
         return cycle
 
@@ -413,7 +398,7 @@ def _ladder(rounds: int, per_round: int) -> list[dict[str, Any]]:
         ),
         "- holder metadata (constant)": plain(rung("bench:ladder:c", True, True, None)),
         "- auto-renew (watchdog registration)": plain(rung("bench:ladder:d", True, True, False)),
-        "- lock_acquired/lock_released signals (statistics)": silenced(
+        "- statistics (stats.record on acquire and release)": silenced(
             rung("bench:ladder:e", True, True, False)
         ),
         "= our two scripts alone": scripts_only,

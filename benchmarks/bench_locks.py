@@ -2,14 +2,17 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/bench_locks.py                 # full run, ~7 min on 2 cores
+    .venv/bin/python benchmarks/bench_locks.py                 # full run, ~12 min on 2 cores
     .venv/bin/python benchmarks/bench_locks.py --quick         # CI smoke run of every part
     .venv/bin/python benchmarks/bench_locks.py contended asyncio --json out.json --markdown out.md
 
 Sections (positional names select some; default all): ``uncontended`` (1), ``contended`` (2),
 ``manykeys`` (3), ``watchdog`` (4), ``stats`` (5, measured inside ``uncontended``), ``memory``
-(6), ``asyncio`` (7), ``profile`` (where an uncontended cycle spends its time). ``README.md``
-in this folder describes the method and how to read every column.
+(6), ``asyncio`` (7), ``profile`` (where an uncontended cycle spends its time), ``semaphore``
+(8), and three that start servers of their own: ``cluster`` (9, 3-primary Redis Cluster vs one
+Redis), ``failover`` (10, SIGKILL of a primary on Cluster and Sentinel: seconds to the next
+acquisition), ``replicas`` (11, ``REDISLOCK["REPLICAS"] = 1`` vs 0). ``README.md`` in this
+folder describes the method and how to read every column.
 
 Every figure comes from this one run, on one private redis-server, with its spread over the
 runs; the last thing printed is a Markdown block per section, ready to paste into the README,
@@ -32,7 +35,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _aio, _contended, _held, _uncontended
+from benchmarks import _aio, _contended, _held, _semaphore, _topology, _uncontended
 from benchmarks import _common as c
 
 SECTIONS = (
@@ -44,6 +47,10 @@ SECTIONS = (
     "watchdog",
     "memory",
     "asyncio",
+    "semaphore",
+    "cluster",
+    "failover",
+    "replicas",
 )
 
 
@@ -86,6 +93,36 @@ class Plan:
     prof_cycles: int = 3000
     prof_script_calls: int = 1000
     prof_ladder_rounds: int = 30
+    sem_permits: int = 4
+    sem_uc_runs: int = 3
+    sem_uc_rounds: int = 20
+    sem_uc_cycles: int = 300
+    sem_procs: int = 4
+    sem_threads: int = 4
+    sem_hold: float = 0.001
+    sem_runs: int = 3
+    sem_rounds: int = 3
+    sem_duration: float = 2.0
+    cl_procs: int = 4
+    cl_threads: int = 16
+    cl_keys: int = 1000
+    cl_runs: int = 3
+    cl_rounds: int = 3
+    cl_duration: float = 2.0
+    cl_prime: float = 0.5
+    fo_repeats: int = 5
+    fo_lead: float = 1.0
+    fo_settle: float = 1.0
+    fo_max_after: float = 30.0
+    #: Measure the Cluster and the Sentinel failover at the same time (quick runs only).
+    fo_parallel: bool = False
+    rep_runs: int = 3
+    rep_rounds: int = 20
+    rep_cycles: int = 300
+    #: Start the topology sections' servers in the background when the run starts (quick runs:
+    #: their start-up is mostly waiting; a full run starts each when its section begins, so
+    #: idle cluster nodes and sentinels never run next to another section's measurement).
+    topo_prestart: bool = False
 
 
 FULL = Plan()
@@ -120,6 +157,29 @@ QUICK = Plan(
     prof_cycles=300,
     prof_script_calls=100,
     prof_ladder_rounds=2,
+    sem_uc_runs=2,
+    sem_uc_rounds=3,
+    sem_uc_cycles=40,
+    sem_procs=2,
+    sem_runs=1,
+    sem_rounds=1,
+    sem_duration=0.2,
+    cl_procs=2,
+    cl_threads=4,
+    cl_keys=100,
+    cl_runs=1,
+    cl_rounds=1,
+    cl_duration=0.2,
+    cl_prime=0.0,
+    fo_repeats=1,
+    fo_lead=0.3,
+    fo_settle=0.2,
+    fo_max_after=20.0,
+    fo_parallel=True,
+    rep_runs=2,
+    rep_rounds=3,
+    rep_cycles=40,
+    topo_prestart=True,
 )
 
 Tables = dict[str, tuple[list[str], list[list[str]]]]
@@ -128,9 +188,17 @@ Tables = dict[str, tuple[list[str], list[list[str]]]]
 class Run:
     """One benchmark run: the server, the workers, and what each section produced."""
 
-    def __init__(self, plan: Plan, server: Any) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        server: Any,
+        sections: set[str],
+        node_timeout_ms: int = 1000,
+        down_after_ms: int = 2000,
+    ) -> None:
         self.plan = plan
         self.server = server
+        self.servers = _topology.Servers(node_timeout_ms, down_after_ms)
         c.configure_django(server.url)
         self.conn = c.client()
         self.conn.flushall()
@@ -139,6 +207,11 @@ class Run:
         self.results: dict[str, Any] = {}
         self.tables: list[tuple[str, Tables, list[str]]] = []
         self.checks: list[tuple[str, bool]] = []
+        if plan.topo_prestart:  # last: close() stops them, and close() needs a whole Run
+            needed = [s for s in SECTIONS if s in sections]
+            self.servers.prestart(
+                [kind for s in needed for kind in _topology.SECTION_SERVERS.get(s, ())]
+            )
 
     def _fresh(self, target: str, timeout: float, **kwargs: Any) -> Any:
         worker = self.pool.fresh()
@@ -289,8 +362,99 @@ class Run:
         self.checks.append(("asyncio: mutual exclusion held (AsyncLock)", overlaps == 0))
         self.checks.append((f"asyncio: none of {lag['locks']:,} AsyncLocks lost", lag["lost"] == 0))
 
+    def semaphore(self) -> None:
+        p = self.plan
+        unc = self._fresh(
+            "benchmarks._semaphore:uncontended",
+            timeout=900,
+            runs=p.sem_uc_runs,
+            rounds=p.sem_uc_rounds,
+            per_round=p.sem_uc_cycles,
+            count_cycles=p.count_cycles,
+            permits=p.sem_permits,
+        )
+        con = _semaphore.run_contended(
+            self.pool,
+            self.pool.shared(p.sem_procs),
+            p.sem_threads,
+            p.sem_permits,
+            p.sem_hold,
+            p.sem_runs,
+            p.sem_rounds,
+            p.sem_duration,
+            p.warm,
+            p.grace,
+        )
+        self.results["semaphore"] = {"uncontended": unc, "contended": con}
+        self._emit("semaphore", _semaphore.tables(unc, con), _semaphore.notes(unc, con))
+        runs = con["per_run"]
+        most = max(run[_semaphore.SEM_OURS]["max_holders"] for run in runs)
+        self.checks.append(
+            (f"semaphore: never more than {p.sem_permits} holders ({most:.0f} seen)",
+             most <= p.sem_permits)
+        )  # fmt: skip
+        stuck = sum(
+            run[_semaphore.SEM_OURS]["stalls"] + run[_semaphore.SEM_OURS]["failures"]
+            for run in runs
+        )
+        self.checks.append(("semaphore: no stall > 1 s, no timeout (Semaphore)", stuck == 0))
+
+    def cluster(self) -> None:
+        p = self.plan
+        res = _topology.run_cluster(
+            self.servers,
+            self.pool,
+            self.pool.shared(p.cl_procs),
+            self.server.pid,
+            p.cl_threads,
+            p.cl_keys,
+            p.cl_runs,
+            p.cl_rounds,
+            p.cl_duration,
+            p.warm,
+            p.grace,
+            p.cl_prime,
+        )
+        self.results["cluster"] = res
+        self._emit("cluster", _topology.cluster_tables(res), _topology.cluster_notes(res))
+        stuck = sum(
+            run[peer]["stalls"] + run[peer]["failures"]
+            for run in res["per_run"]
+            for peer in res["peers"]
+        )
+        self.checks.append(("cluster: no stall > 1 s, no timeout", stuck == 0))
+
+    def failover(self) -> None:
+        p = self.plan
+        res = _topology.run_failover(
+            self.servers, p.fo_repeats, p.fo_lead, p.fo_settle, p.fo_max_after, p.fo_parallel
+        )
+        self.results["failover"] = res
+        self._emit("failover", _topology.failover_tables(res), _topology.failover_notes(res))
+        for label, topo in res["topologies"].items():
+            recovered = all(r["outage_s"] == r["outage_s"] for r in topo["runs"])  # not NaN
+            self.checks.append((f"failover: acquisitions resumed after every kill ({label})",
+                                recovered))  # fmt: skip
+
+    def replicas(self) -> None:
+        p = self.plan
+        res = _topology.run_replicas(
+            self.servers, p.rep_runs, p.rep_rounds, p.rep_cycles, p.count_cycles
+        )
+        self.results["replicas"] = res
+        self._emit("replicas", _topology.replicas_tables(res), _topology.replicas_notes(res))
+        self.checks.append(
+            (
+                "replicas: WAIT rides in the acquisition's round trip (2 per REPLICAS=1 cycle)",
+                res["round_trips"][_topology.REPLICAS_ON] == 2,
+            )
+        )
+
     def close(self) -> None:
-        self.pool.close()
+        try:
+            self.pool.close()
+        finally:
+            self.servers.close()
 
 
 def markdown(info: dict[str, Any], run: Run, quick: bool) -> str:
@@ -318,6 +482,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a CI smoke run")
     parser.add_argument("--json", metavar="PATH", help="write every figure as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="also write the Markdown block here")
+    parser.add_argument(
+        "--node-timeout",
+        type=int,
+        default=1000,
+        metavar="MS",
+        help="failover: cluster-node-timeout of the Cluster (default 1000)",
+    )
+    parser.add_argument(
+        "--down-after",
+        type=int,
+        default=2000,
+        metavar="MS",
+        help="failover: Sentinel down-after-milliseconds (default 2000)",
+    )
     args = parser.parse_args(argv)
     chosen = set(args.sections or SECTIONS)
     bad = chosen - set(SECTIONS)
@@ -328,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
 
     wall = time.monotonic()
     with c.redis_server_class()() as server:
-        bench = Run(plan, server)
+        bench = Run(plan, server, chosen, args.node_timeout, args.down_after)
         try:
             info = c.machine_info(server.binary, bench.conn)
             print("\n".join(c.machine_lines(info)))

@@ -22,7 +22,21 @@ ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = [pytest.mark.slow]
 
-TITLES = ("#### 1.", "#### 2.", "#### 3.", "#### 4.", "#### 5.", "#### 6.", "#### 7a.", "#### 7b.")
+TITLES = (
+    "#### 1.",
+    "#### 2.",
+    "#### 3.",
+    "#### 4.",
+    "#### 5.",
+    "#### 6.",
+    "#### 7a.",
+    "#### 7b.",
+    "#### 8a.",
+    "#### 8b.",
+    "#### 9.",
+    "#### 10.",
+    "#### 11.",
+)
 
 
 def _descendants(pid: int) -> dict[int, float]:
@@ -106,6 +120,10 @@ def test_quick_run_of_every_section(tmp_path: Path) -> None:
         "watchdog",
         "memory",
         "asyncio",
+        "semaphore",
+        "cluster",
+        "failover",
+        "replicas",
     }
     plan = data["plan"]
     assert len(results["uncontended"]["per_run"]) == plan["uc_runs"]
@@ -117,6 +135,29 @@ def test_quick_run_of_every_section(tmp_path: Path) -> None:
         assert run["django-redislock"]["overlaps"] == 0
     assert results["watchdog"]["lost"] == 0
     assert results["memory"]["peers"]["django-redislock"]["held_keys_per_lock"] > 0
+
+    semaphore = results["semaphore"]
+    assert len(semaphore["uncontended"]["per_run"]) == plan["sem_uc_runs"]
+    assert len(semaphore["contended"]["per_run"]) == plan["sem_runs"]
+    assert semaphore["uncontended"]["round_trips"]["django-redislock Semaphore"] == 2
+    for run in semaphore["contended"]["per_run"]:
+        ours = run["django-redislock Semaphore"]
+        assert 1 <= ours["max_holders"] <= semaphore["contended"]["permits"]
+        assert ours["over_limit"] == 0
+    cluster = results["cluster"]
+    assert len(cluster["per_run"]) == plan["cl_runs"]
+    for run in cluster["per_run"]:
+        for topology in cluster["peers"]:
+            assert run[topology]["ops_per_s"] > 0, topology
+    failover = results["failover"]
+    assert set(failover["topologies"]) == {"Cluster 3 + 3", "Sentinel 1 + 1, 3 sentinels"}
+    for topology in failover["topologies"].values():
+        assert len(topology["runs"]) == plan["fo_repeats"]
+        for run in topology["runs"]:  # NaN: not back within fo_max_after (not judged here)
+            assert math.isnan(run["outage_s"]) or run["outage_s"] > 0
+    replicas = results["replicas"]
+    assert len(replicas["per_run"]) == plan["rep_runs"]
+    assert replicas["round_trips"]["django-redislock REPLICAS=1"] == 2  # WAIT rides along
     numbers = _numbers(results)
     assert numbers and not any(math.isinf(x) for x in numbers)
 
