@@ -38,7 +38,7 @@ from django.utils.text import capfirst
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from django_redislock import stats
+from django_redislock import charts, stats
 from django_redislock.exceptions import LockBackendError
 from django_redislock.models import Lock
 from django_redislock.operations import (
@@ -210,6 +210,12 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     sort_limit = 200_000
     #: The statistics page shows at most this many names.
     stats_limit = 1000
+    #: Wait/hold charts are drawn for this many key templates (the busiest).
+    chart_templates = 12
+    #: Rows of the "current holders" and "outcomes" charts.
+    chart_rows = 15
+    #: The holders chart reads at most this many locks to find the longest-held ones.
+    chart_holders_limit = 10_000
 
     list_template = "django_redislock/admin/lock_list.html"
     detail_template = "django_redislock/admin/lock_detail.html"
@@ -528,16 +534,36 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         self._require(self.has_view_permission(request))
         title = _("Lock statistics")
         try:
-            found = itertools.islice(stats.iter_stats(using=self.using), self.stats_limit)
+            found = itertools.islice(
+                stats.iter_stats(using=self.using, series=True), self.stats_limit
+            )
             rows = sorted(found, key=lambda s: s.name)
+            holders = page_locks(
+                sort="-held",
+                per_page=self.chart_rows,
+                using=self.using,
+                scan_count_max=self.scan_count_max,
+                sort_limit=self.chart_holders_limit,
+            )
         except LockBackendError as exc:
             context = self._context(request, title, problem=self._problem(exc))
             return self._render(request, self.stats_template, context)
+        timeline = charts.timeline_chart(rows)
+        busiest = sorted(rows, key=lambda s: (-(s.acquired + s.released), s.name))
         context = self._context(
             request,
             title,
             rows=[StatsRow(s) for s in rows],
             stats_ttl_hours=stats.STATS_TTL // 3600,
+            # Acquisitions over time when the last hour has any; else totals per key template.
+            activity_chart=timeline if not timeline.empty else charts.outcome_chart(rows),
+            holders_chart=charts.holders_chart(holders.infos, duration, limit=self.chart_rows),
+            holders_truncated=holders.truncated,
+            distributions=[
+                (s, charts.distribution_chart(s, "wait"), charts.distribution_chart(s, "hold"))
+                for s in busiest[: self.chart_templates]
+                if s.wait_count or s.hold_count
+            ],
         )
         return self._render(request, self.stats_template, context)
 

@@ -8,7 +8,7 @@ names from :mod:`django_redislock.keys`, parsing from :mod:`django_redislock.rec
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -171,20 +171,33 @@ def delete_keys(client: Any, keys: Sequence[str]) -> int:
 
 @dataclass(frozen=True)
 class StatsUpdate:
-    """Figures to add to one statistics hash (see :mod:`django_redislock.stats`)."""
+    """Figures to add to one statistics hash (see :mod:`django_redislock.stats`).
+
+    ``counters`` are integers (counts and histogram buckets), ``totals`` floats, ``maxima`` kept
+    only when larger; ``series`` adds per-minute counts: ``{hash key: {field: count}}``.
+    """
 
     key: str
     max_key: str
     counters: dict[str, int]
     totals: dict[str, float]
     maxima: dict[str, float]
+    series: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-def write_stats(client: Any, updates: Sequence[StatsUpdate], *, now: float, ttl: int) -> None:
+def write_stats(
+    client: Any,
+    updates: Sequence[StatsUpdate],
+    *,
+    now: float,
+    ttl: int,
+    series_ttl: int | None = None,
+) -> None:
     """Add figures to statistics hashes in one pipeline.
 
     Maxima use ``ZADD GT`` (an atomic "keep the larger", Redis >= 6.2); every touched key expires
-    ``ttl`` seconds after its last update, which keeps memory bounded.
+    ``ttl`` seconds after its last update (the per-minute hashes ``series_ttl``, default ``ttl``),
+    which keeps memory bounded.
     """
     pipe = client.pipeline(transaction=False)
     for update in updates:
@@ -197,19 +210,30 @@ def write_stats(client: Any, updates: Sequence[StatsUpdate], *, now: float, ttl:
         if update.maxima:
             pipe.zadd(update.max_key, update.maxima, gt=True)
             pipe.expire(update.max_key, ttl)
+        for series_key, counts in update.series.items():
+            for field_name, count in counts.items():
+                pipe.hincrby(series_key, field_name, count)
+            pipe.expire(series_key, ttl if series_ttl is None else series_ttl)
     pipe.execute()
 
 
 def read_stats(
-    client: Any, keys: Sequence[tuple[str, str]]
-) -> list[tuple[dict[Any, Any], list[tuple[Any, float]]]]:
-    """``(hash, maxima)`` of each ``(stats key, max key)`` pair, in one round trip."""
+    client: Any, keys: Sequence[tuple[str, ...]]
+) -> list[tuple[dict[Any, Any], list[tuple[Any, float]], list[dict[Any, Any]]]]:
+    """``(hash, maxima, [series hashes])`` of each ``(stats key, max key, *series keys)``, in one
+    round trip (``HGETALL``, ``ZRANGE``, one ``HGETALL`` per series key)."""
     pipe = client.pipeline(transaction=False)
-    for key, max_key in keys:
+    for key, max_key, *series_keys in keys:
         pipe.hgetall(key)
         pipe.zrange(max_key, 0, -1, withscores=True)
-    replies = pipe.execute()
-    return [(replies[2 * i], replies[2 * i + 1]) for i in range(len(keys))]
+        for series_key in series_keys:
+            pipe.hgetall(series_key)
+    replies = iter(pipe.execute())
+    found = []
+    for _key, _max_key, *series_keys in keys:
+        raw, maxima = next(replies), next(replies)
+        found.append((raw, maxima, [next(replies) for _ in series_keys]))
+    return found
 
 
 def eviction_policy(client: Any) -> list[str]:

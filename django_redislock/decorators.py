@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, Protocol, TypeVar, cast
 
+from django_redislock import stats
 from django_redislock.aio import AsyncLock
 from django_redislock.conf import MIN_LEASE, check_seconds
 from django_redislock.engine import check_bool
@@ -123,6 +124,10 @@ def distributed_lock(
     Waiting: with ``on_busy="raise"`` a busy lock is waited for (``blocking_timeout``, else
     ``REDISLOCK["BLOCKING_TIMEOUT"]``). With ``"skip"`` or a callable — "skip if already running"
     — the decorator does not wait unless ``blocking_timeout`` is given.
+
+    Statistics: a busy lock with ``on_busy="raise"`` is a failed acquisition; a skip, or an
+    ``on_busy`` callable that returns, is ``skipped`` (working as intended: not an attempt, so
+    not in the success rate); an ``on_busy`` callable that raises is a failed acquisition.
     """
     handler = _busy_handler(on_busy)
     check_seconds(timeout, "timeout", minimum=MIN_LEASE, allow_none=True)
@@ -136,6 +141,8 @@ def distributed_lock(
         "blocking_timeout": blocking_timeout,
         "using": using,
         "on_commit": on_commit,
+        # Only "raise" makes a busy lock a failure; the other reactions are counted below.
+        "report_busy": on_busy == "raise",
     }
     Lock("options-check", **options)  # validates using/on_commit now, without touching Redis
     if permits is not None:
@@ -164,10 +171,30 @@ def distributed_lock(
                     "django_redislock: %s skipped, lock %r is busy", func.__qualname__, name
                 )
                 _skipped(args, kwargs, name)
+                stats.record(using, stats_name, "skipped")
                 return None
-            if handler is not None:
-                return handler(*args, **kwargs)
-            raise _busy_error(args, name)
+            if handler is None:
+                raise _busy_error(args, name)  # counted as failed by the lock itself
+            try:
+                result = handler(*args, **kwargs)
+            except Exception:
+                stats.record(using, stats_name, "failed")
+                raise
+            if not inspect.isawaitable(result):
+                stats.record(using, stats_name, "skipped")
+            return result
+
+        async def abusy(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
+            result = busy(args, kwargs, name)
+            if not inspect.isawaitable(result):
+                return result
+            try:
+                result = await result
+            except Exception:
+                stats.record(using, stats_name, "failed")
+                raise
+            stats.record(using, stats_name, "skipped")
+            return result
 
         if inspect.iscoroutinefunction(func):
 
@@ -176,8 +203,7 @@ def distributed_lock(
                 lock = async_kind(name_of(*args, **kwargs), stats_name=stats_name, **options)
                 with _adapted_errors(args):
                     if not await lock.acquire():
-                        result = busy(args, kwargs, lock.name)
-                        return await result if inspect.isawaitable(result) else result
+                        return await abusy(args, kwargs, lock.name)
                     async with _Held(lock):
                         return await func(*args, **kwargs)
 

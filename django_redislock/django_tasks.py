@@ -307,6 +307,7 @@ class SingleFlightTask(Task, Generic[P, T]):  # type: ignore[type-arg]
     def _duplicate(self, duplicate: Duplicate, *, published: bool) -> TaskResult[T]:
         existing = duplicate.holder
         must_raise = self.lock_on_duplicate == "raise" or existing is None
+        singleflight.count_outcome(self.flight_rules, duplicate.key, "deduplicated")
         task_deduplicated.send_robust(
             type(self), task=self, key=duplicate.key, existing_task_id=existing, raised=must_raise
         )
@@ -346,6 +347,7 @@ class SingleFlightTask(Task, Generic[P, T]):  # type: ignore[type-arg]
     def _not_run(self, busy: Busy, args: Any, kwargs: Any, result_id: str) -> NoReturn:
         """Skip, or reschedule, a run whose key is busy; always raises :class:`TaskSkippedError`."""
         later: str | None = None
+        singleflight.count_outcome(self.flight_rules, busy.key, "skipped")
         backend = self.get_backend()
         if (
             self.lock_on_busy == "reschedule"

@@ -783,7 +783,9 @@ class LockBase:
                 watchdog.register(hold)
             if not self.quiet:
                 waited = time.monotonic() - started
-                stats.record(self.using, self.stats_name, "acquired", waited, contended)
+                stats.record(
+                    self.using, self.stats_name, "acquired", waited, contended, self.name, token
+                )
                 if signals.lock_acquired.receivers:
                     signals.lock_acquired.send_robust(
                         type(self),
@@ -805,7 +807,9 @@ class LockBase:
     def _failed(self, started: float) -> bool:
         if self.quiet or not self.report_busy:
             return False
-        stats.record(self.using, self.stats_name, "failed")
+        stats.record(
+            self.using, self.stats_name, "failed", time.monotonic() - started, name=self.name
+        )
         if signals.lock_acquire_failed.receivers:
             signals.lock_acquire_failed.send_robust(
                 type(self), lock=self, name=self.name, waited=time.monotonic() - started
@@ -851,7 +855,9 @@ class LockBase:
             holds.forget(hold)
             if not self.quiet:
                 held = time.monotonic() - hold.acquired_at
-                stats.record(self.using, self.stats_name, "released", held)
+                stats.record(
+                    self.using, self.stats_name, "released", held, name=self.name, token=hold.token
+                )
                 if signals.lock_released.receivers:
                     signals.lock_released.send_robust(
                         type(self), lock=self, name=self.name, held=held

@@ -260,7 +260,8 @@ def mark_lost(hold: Hold) -> bool:
     from django_redislock import signals, stats
 
     if hold.stats_key is not None:
-        stats.record(*hold.stats_key, "lost")
+        held = time.monotonic() - hold.acquired_at
+        stats.record(*hold.stats_key, "lost", held, name=hold.name, token=hold.token)
     if signals.lock_lost.receivers:
         signals.lock_lost.send_robust(hold.sender, lock=hold.lock_ref(), name=hold.name)
     return True

@@ -91,6 +91,10 @@ class KeySpace:
         # Not "<ns>:stats:..." so that a SCAN for stats hashes never meets it.
         return f"{self.namespace}:stats-max:{stats_name}"
 
+    def stats_minutes(self, stats_name: str, hour: int) -> str:
+        """Per-minute counts of one clock hour (``hour`` = epoch seconds // 3600)."""
+        return f"{self.namespace}:stats-minutes:{hour}:{stats_name}"
+
     def lock_pattern(self, match: str | None = None) -> str:
         """SCAN pattern for lock keys; ``match`` is a glob on the lock *name* only.
 

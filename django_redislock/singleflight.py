@@ -38,6 +38,9 @@ message (same attempt) does re-enter it and is recognised as already running.
 
 Publish-time attempts are *quiet*: a key found busy at publish is a deduplication, reported by
 the integrations' ``task_deduplicated`` signal, not a failed acquisition in the statistics.
+Busy run-time attempts are not failed acquisitions either. The integrations count both with
+:func:`count_outcome` — ``deduplicated`` and ``skipped`` in :mod:`django_redislock.stats` — so the
+success rate of a task whose duplicates were folded stays at 100 %.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from typing import Any
 from django.dispatch import Signal
 
 from django_redislock import client as redis_client
+from django_redislock import stats
 from django_redislock.conf import MIN_LEASE, check_seconds, get_settings
 from django_redislock.connection import backend_errors
 from django_redislock.engine import check_name, target_for
@@ -60,6 +64,7 @@ from django_redislock.exceptions import (
     LockNotOwnedError,
 )
 from django_redislock.lock import Lock
+from django_redislock.naming import stats_shape
 from django_redislock.operations import force_release, get_lock_info, lock_holders
 from django_redislock.semaphore import Semaphore, check_permits
 
@@ -81,6 +86,7 @@ __all__ = [
     "Ticket",
     "abandon",
     "begin",
+    "count_outcome",
     "delay_of",
     "end",
     "hand_over",
@@ -339,6 +345,14 @@ def reserve(
             return Duplicate(key, holder.task_id, same=holder.owner == flight_id)
         # Released between the two calls: try again.
     return Duplicate(key, None)
+
+
+def count_outcome(rules: FlightRules, key: str, outcome: str) -> None:
+    """Count a busy key that worked as intended in the statistics of the task's locks:
+    ``"deduplicated"`` (a publish folded into the one queued or running) or ``"skipped"`` (a
+    delivery skipped or rescheduled because its key was held). Neither is an attempt, so
+    neither lowers the success rate."""
+    stats.record(rules.using, rules.stats_name or stats_shape(key), outcome)
 
 
 def unreserve(rules: FlightRules, ticket: Ticket, flight_id: str) -> None:

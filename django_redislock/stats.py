@@ -2,30 +2,56 @@
 
 Why this shape:
 
-- The signal receivers only add numbers to an in-process dict under a mutex (a few hundred
-  nanoseconds), so an application that takes thousands of locks a second does not pay a Redis
-  round trip per event.
+- The engine calls :func:`record`, which only adds numbers to an in-process dict under a mutex
+  (a bucket found by ``bisect`` on a tuple, a few hundred nanoseconds), so an application that
+  takes thousands of locks a second does not pay a Redis round trip per event.
 - A small daemon thread (started lazily by the first event, restarted after ``fork``) flushes that
   dict every :data:`FLUSH_INTERVAL` seconds and at interpreter exit, with ONE pipeline per Redis
-  connection: ``HINCRBY``/``HINCRBYFLOAT`` for counters and totals, ``ZADD GT`` for maxima (an
-  atomic "keep the larger" without Lua; needs Redis >= 6.2), and ``EXPIRE`` so figures of names no
-  longer used vanish :data:`STATS_TTL` seconds after their last update.
+  connection: ``HINCRBY``/``HINCRBYFLOAT`` for counters, histogram buckets and totals, ``ZADD GT``
+  for maxima (an atomic "keep the larger" without Lua; needs Redis >= 6.2), and ``EXPIRE`` so
+  figures of names no longer used vanish :data:`STATS_TTL` seconds after their last update.
 - Memory stays bounded: figures are aggregated per ``lock.stats_name``, which
   :func:`~django_redislock.distributed_lock` sets to the key *template* (``"invoice:{id}"``), not
   to every rendered name; the dict is emptied by every flush and holds at most
   :data:`MAX_PENDING_NAMES` names between flushes.
 
-Redis layout (per namespace ``<ns>``, see :mod:`django_redislock.client`):
+Histograms: waits (of successful acquisitions) and holds (up to the release of the last hold)
+are counted in the fixed buckets :data:`BUCKETS` — upper bounds in seconds, inclusive like
+Prometheus' ``le`` — plus a last bucket for anything longer (``+Inf``). Fixed buckets make the
+figures of every process and machine add up, and let :mod:`django_redislock.prometheus` export
+real histograms (``histogram_quantile`` works on them).
 
-- ``<ns>:stats:<stats_name>`` HASH: ``acquired contended failed released lost force_released``
-  (integers), ``wait_total hold_total`` (float seconds), ``updated_at`` (epoch seconds).
+Redis layout (per namespace ``<ns>``, see :mod:`django_redislock.keys` and
+:mod:`django_redislock.client`):
+
+- ``<ns>:stats:<stats_name>`` HASH: ``acquired contended failed released lost force_released
+  skipped deduplicated`` (integers), ``wait_total hold_total`` (float seconds), ``updated_at``
+  (epoch seconds), and one integer per non-empty histogram bucket: ``wait_le_<bound>`` and
+  ``hold_le_<bound>``, ``<bound>`` being the bucket's upper bound as ``%g`` (``0.005``, ``30``)
+  or ``inf``. Expires :data:`STATS_TTL` after its last update.
 - ``<ns>:stats-max:<stats_name>`` ZSET: members ``wait`` and ``hold``, score = maximum seconds.
+- ``<ns>:stats-minutes:<hour>:<stats_name>`` HASH, one per clock hour (``<hour>`` = epoch seconds
+  // 3600): fields ``a:<minute>`` (acquisitions) and ``f:<minute>`` (failed attempts) per epoch
+  minute (epoch seconds // 60) of that hour. Each expires :data:`SERIES_TTL` (a bit over two
+  hours) after its last update, so at most three exist per name and the last
+  :data:`SERIES_MINUTES` minutes can always be read from the current hour's and the previous
+  hour's hash. This is the "acquisitions over time" series of the admin's chart.
 
-Waits are those of *successful* acquisitions (a timed-out wait is a ``failed`` count); holds are
-those reported by ``lock_released``. A force release is counted under the lock *name* (the operator
-does not know the template); the holder's own ``lock_lost`` is counted under its ``stats_name``.
+What counts as what:
 
-Turn everything off with ``REDISLOCK = {"STATS": False}``.
+- ``acquired``/``contended``/waits: successful acquisitions (the outermost of re-entrant ones);
+  ``failed``: attempts that timed out or found the lock busy without waiting, when that was a
+  failure for the caller. ``success_rate`` is ``acquired / (acquired + failed)``.
+- ``skipped`` and ``deduplicated`` are busy locks that worked as intended and are *not* attempts:
+  a call ``distributed_lock(on_busy="skip")`` (or an ``on_busy`` callable that returned) did not
+  make, a single-flight delivery skipped or rescheduled because its key was held (``skipped``), a
+  single-flight publish folded into the one queued or running (``deduplicated``).
+- Holds are those ended by a release; a force release is counted under the lock *name* (the
+  operator does not know the template); the holder's own ``lost`` is counted under its
+  ``stats_name``.
+
+Turn everything off with ``REDISLOCK = {"STATS": False}`` (OpenTelemetry spans, see
+:mod:`django_redislock.tracing`, do not depend on it).
 """
 
 from __future__ import annotations
@@ -35,20 +61,30 @@ import logging
 import os
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from django_redislock import tracing
 
 __all__ = [
+    "BUCKETS",
     "FLUSH_INTERVAL",
+    "SERIES_MINUTES",
+    "SERIES_TTL",
     "STATS_TTL",
     "LockStats",
+    "Minute",
     "connect_receivers",
     "disconnect_receivers",
     "flush",
+    "get_many_stats",
     "get_stats",
     "iter_stats",
     "record",
@@ -64,9 +100,46 @@ STATS_TTL = 24 * 3600
 #: unreachable the events of further *new* names are dropped (and logged once per flush).
 MAX_PENDING_NAMES = 10_000
 
-_INT_FIELDS = ("acquired", "contended", "failed", "released", "lost", "force_released")
+#: Upper bounds (seconds, inclusive) of the wait and hold histogram buckets; one more bucket
+#: (``+Inf``) takes anything longer than the last. From a millisecond (an uncontended lock on a
+#: nearby Redis) to half an hour (a long task's hold), about two buckets per factor of ten.
+#: Changing them orphans the recorded buckets of the old bounds (their fields are ignored).
+BUCKETS: tuple[float, ...] = (
+    0.001,
+    0.005,
+    0.01,
+    0.05,
+    0.1,
+    0.5,
+    1.0,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    1800.0,
+)
+#: Minutes of the "acquisitions over time" series (the admin's chart shows them all).
+SERIES_MINUTES = 60
+#: Seconds an hour's per-minute hash survives its last update (see the module docstring).
+SERIES_TTL = 2 * 3600 + 60
+
+_INT_FIELDS = (
+    "acquired",
+    "contended",
+    "failed",
+    "released",
+    "lost",
+    "force_released",
+    "skipped",
+    "deduplicated",
+)
 _FLOAT_FIELDS = ("wait_total", "hold_total")
 _MAX_FIELDS = ("wait", "hold")
+_BUCKET_LABELS = (*(f"{bound:g}" for bound in BUCKETS), "inf")
+_WAIT_FIELDS = tuple(f"wait_le_{label}" for label in _BUCKET_LABELS)
+_HOLD_FIELDS = tuple(f"hold_le_{label}" for label in _BUCKET_LABELS)
+_NO_COUNTS = (0,) * len(_BUCKET_LABELS)
 
 
 class _Tally:
@@ -75,12 +148,17 @@ class _Tally:
     __slots__ = (
         "acquired",
         "contended",
+        "deduplicated",
         "failed",
         "force_released",
+        "hold_buckets",
         "hold_max",
         "hold_total",
         "lost",
+        "minutes",
         "released",
+        "skipped",
+        "wait_buckets",
         "wait_max",
         "wait_total",
     )
@@ -88,13 +166,28 @@ class _Tally:
     def __init__(self) -> None:
         self.acquired = self.contended = self.failed = 0
         self.released = self.lost = self.force_released = 0
+        self.skipped = self.deduplicated = 0
         self.wait_total = self.wait_max = self.hold_total = self.hold_max = 0.0
+        self.wait_buckets = [0] * len(_BUCKET_LABELS)
+        self.hold_buckets = [0] * len(_BUCKET_LABELS)
+        #: epoch minute -> [acquisitions, failed attempts]
+        self.minutes: dict[int, list[int]] = {}
 
     def merge(self, other: _Tally) -> None:
         for name in (*_INT_FIELDS, *_FLOAT_FIELDS):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.wait_max = max(self.wait_max, other.wait_max)
         self.hold_max = max(self.hold_max, other.hold_max)
+        for i, count in enumerate(other.wait_buckets):
+            self.wait_buckets[i] += count
+        for i, count in enumerate(other.hold_buckets):
+            self.hold_buckets[i] += count
+        oldest = int(time.time() // 60) - SERIES_MINUTES  # kept back while Redis is down
+        for minute, (acquired, failed) in other.minutes.items():
+            if minute > oldest:
+                slot = self.minutes.setdefault(minute, [0, 0])
+                slot[0] += acquired
+                slot[1] += failed
 
 
 _Key = tuple[str | None, str]  # (cache alias or None for REDISLOCK["CACHE"], stats name)
@@ -113,10 +206,25 @@ def _default_alias() -> str:
     return resolve_alias(None)
 
 
-def _enabled() -> bool:
-    from django_redislock.conf import get_settings
+#: ``REDISLOCK["STATS"]``, read on first use and again after Django's ``setting_changed`` for
+#: ``REDISLOCK`` (``override_settings``): :func:`record` must not look the setting up per call.
+_on: bool | None = None
 
-    return get_settings().stats
+
+def _enabled() -> bool:
+    global _on
+    if _on is None:
+        from django_redislock.conf import get_settings
+
+        _on = get_settings().stats
+    return _on
+
+
+@receiver(setting_changed)
+def _settings_changed(*, setting: str, **kwargs: object) -> None:
+    global _on
+    if setting in ("REDISLOCK", "CACHES"):
+        _on = None
 
 
 def _tally(key: _Key) -> _Tally | None:
@@ -159,33 +267,66 @@ def _flush_forever() -> None:
 # --- recording (hot path: no I/O, no signal dispatch) ---------------------------------------
 
 
+#: Bound once: ``None`` unless ``opentelemetry`` is importable (see :mod:`.tracing`).
+_emit_span = tracing.emit
+
+
 def record(
     using: str | None,
     stats_name: str,
     event: str,
     seconds: float = 0.0,
     contended: bool = False,
+    name: str | None = None,
+    token: int | None = None,
 ) -> None:
-    """Count one event of ``stats_name``: ``"acquired"`` (``seconds`` waited), ``"failed"``,
-    ``"released"`` (``seconds`` held), ``"lost"`` or ``"force_released"``.
+    """Count one event of ``stats_name``: ``"acquired"`` (``seconds`` waited), ``"failed"``
+    (``seconds`` waited in vain), ``"released"`` (``seconds`` held), ``"lost"`` (``seconds``
+    held until then), ``"force_released"``, ``"skipped"`` or ``"deduplicated"`` (see the module
+    docstring for what each counts).
 
     The engine calls this directly (a dict update under a mutex), so statistics cost no signal
-    dispatch per event; the signals are sent only when someone else listens.
+    dispatch per event; the signals are sent only when someone else listens. ``name`` (the lock
+    name) and ``token`` (its fencing token) are only for the OpenTelemetry spans
+    (:mod:`django_redislock.tracing`), which are made here too when ``opentelemetry`` is
+    installed.
     """
-    if not _enabled():
+    if _emit_span is not None:
+        _emit_span(event, stats_name, name, seconds, contended, token)
+    if not (_on if _on is not None else _enabled()):
         return
+    now = time.time()
     with _mutex:
         tally = _tally((using, stats_name))
         if tally is not None:
             if event == "acquired":
                 tally.acquired += 1
-                tally.contended += bool(contended)
+                if contended:
+                    tally.contended += 1
                 tally.wait_total += seconds
-                tally.wait_max = max(tally.wait_max, seconds)
+                if seconds > tally.wait_max:
+                    tally.wait_max = seconds
+                tally.wait_buckets[bisect_left(BUCKETS, seconds)] += 1
+                minute = int(now // 60)
+                slot = tally.minutes.get(minute)
+                if slot is None:
+                    tally.minutes[minute] = [1, 0]
+                else:
+                    slot[0] += 1
             elif event == "released":
                 tally.released += 1
                 tally.hold_total += seconds
-                tally.hold_max = max(tally.hold_max, seconds)
+                if seconds > tally.hold_max:
+                    tally.hold_max = seconds
+                tally.hold_buckets[bisect_left(BUCKETS, seconds)] += 1
+            elif event == "failed":
+                tally.failed += 1
+                minute = int(now // 60)
+                slot = tally.minutes.get(minute)
+                if slot is None:
+                    tally.minutes[minute] = [0, 1]
+                else:
+                    slot[1] += 1
             else:
                 setattr(tally, event, getattr(tally, event) + 1)
     _ensure_flusher()
@@ -254,17 +395,29 @@ def _write(alias: str | None, tallies: dict[str, _Tally]) -> None:
     from django_redislock.keys import keyspace
 
     space = keyspace(alias)
-    updates = [
-        StatsUpdate(
-            key=space.stats(stats_name),
-            max_key=space.stats_max(stats_name),
-            counters={f: getattr(t, f) for f in _INT_FIELDS if getattr(t, f)},
-            totals={f: getattr(t, f) for f in _FLOAT_FIELDS if getattr(t, f)},
-            maxima={m: getattr(t, f"{m}_max") for m in _MAX_FIELDS if getattr(t, f"{m}_max")},
+    updates = []
+    for stats_name, t in tallies.items():
+        counters = {f: getattr(t, f) for f in _INT_FIELDS if getattr(t, f)}
+        for fields, counts in ((_WAIT_FIELDS, t.wait_buckets), (_HOLD_FIELDS, t.hold_buckets)):
+            counters.update((f, n) for f, n in zip(fields, counts, strict=True) if n)
+        series: dict[str, dict[str, int]] = {}
+        for minute, (acquired, failed) in t.minutes.items():
+            per_hour = series.setdefault(space.stats_minutes(stats_name, minute // 60), {})
+            if acquired:
+                per_hour[f"a:{minute}"] = acquired
+            if failed:
+                per_hour[f"f:{minute}"] = failed
+        updates.append(
+            StatsUpdate(
+                key=space.stats(stats_name),
+                max_key=space.stats_max(stats_name),
+                counters=counters,
+                totals={f: getattr(t, f) for f in _FLOAT_FIELDS if getattr(t, f)},
+                maxima={m: getattr(t, f"{m}_max") for m in _MAX_FIELDS if getattr(t, f"{m}_max")},
+                series=series,
+            )
         )
-        for stats_name, t in tallies.items()
-    ]
-    write_stats(get_client(alias), updates, now=time.time(), ttl=STATS_TTL)
+    write_stats(get_client(alias), updates, now=time.time(), ttl=STATS_TTL, series_ttl=SERIES_TTL)
 
 
 def _after_fork_in_child() -> None:
@@ -292,9 +445,25 @@ def _flush_at_exit() -> None:
 # --- reading -----------------------------------------------------------------------------------
 
 
+class Minute(NamedTuple):
+    """One minute of the "acquisitions over time" series."""
+
+    #: Start of the minute (aware, UTC).
+    start: datetime
+    acquired: int
+    failed: int
+
+
 @dataclass(frozen=True)
 class LockStats:
-    """Figures of one stats name, summed over every process since they were first recorded."""
+    """Figures of one stats name, summed over every process since they were first recorded.
+
+    ``wait_buckets``/``hold_buckets``: how many waits/holds fell in each bucket of
+    :data:`BUCKETS` (bucket ``i`` counts values in ``(BUCKETS[i-1], BUCKETS[i]]``; the last one,
+    index ``len(BUCKETS)``, counts values above ``BUCKETS[-1]``) — not cumulative.
+    ``per_minute``: the last :data:`SERIES_MINUTES` minutes, oldest first, when read with
+    ``series=True`` (else empty).
+    """
 
     name: str
     acquired: int = 0
@@ -308,15 +477,35 @@ class LockStats:
     hold_total: float = 0.0
     hold_max: float = 0.0
     updated_at: datetime | None = field(default=None, compare=False)
+    skipped: int = 0
+    deduplicated: int = 0
+    wait_buckets: tuple[int, ...] = _NO_COUNTS
+    hold_buckets: tuple[int, ...] = _NO_COUNTS
+    per_minute: tuple[Minute, ...] = field(default=(), compare=False)
 
     @property
     def attempts(self) -> int:
+        """Acquisition attempts: acquired or failed (skips and deduplications are not)."""
         return self.acquired + self.failed
 
     @property
     def success_rate(self) -> float | None:
-        """Share of acquisition attempts that got the lock (``None`` before the first attempt)."""
+        """Share of acquisition attempts that got the lock (``None`` before the first attempt).
+
+        Busy locks that worked as intended (``skipped``, ``deduplicated``) are not attempts, so a
+        single-flight task whose duplicates were folded keeps a 100 % success rate.
+        """
         return self.acquired / self.attempts if self.attempts else None
+
+    @property
+    def wait_count(self) -> int:
+        """Waits in the histogram (equals ``acquired`` unless figures predate the histograms)."""
+        return sum(self.wait_buckets)
+
+    @property
+    def hold_count(self) -> int:
+        """Holds in the histogram (equals ``released`` unless figures predate the histograms)."""
+        return sum(self.hold_buckets)
 
     @property
     def mean_wait(self) -> float | None:
@@ -327,27 +516,47 @@ class LockStats:
         return self.hold_total / self.released if self.released else None
 
 
-def _parse(
-    stats_name: str, raw: dict[bytes, bytes], maxima: list[tuple[bytes, float]]
-) -> LockStats:
-    def text(value: bytes | str) -> str:
-        return value.decode() if isinstance(value, bytes) else value
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
-    values = {text(k): text(v) for k, v in raw.items()}
+
+def _parse(
+    stats_name: str,
+    raw: dict[Any, Any],
+    maxima: list[tuple[Any, float]],
+    hours: list[dict[Any, Any]] | None,
+    last_minute: int,
+) -> LockStats:
+    values = {_text(k): _text(v) for k, v in raw.items()}
     kwargs: dict[str, Any] = {}
     for name in _INT_FIELDS:
         kwargs[name] = int(values.get(name, 0))
     for name in _FLOAT_FIELDS:
         kwargs[name] = float(values.get(name, 0.0))
+    kwargs["wait_buckets"] = tuple(int(values.get(f, 0)) for f in _WAIT_FIELDS)
+    kwargs["hold_buckets"] = tuple(int(values.get(f, 0)) for f in _HOLD_FIELDS)
     for member, score in maxima:
-        kwargs[f"{text(member)}_max"] = float(score)
+        kwargs[f"{_text(member)}_max"] = float(score)
     updated = values.get("updated_at")
     if updated:
         kwargs["updated_at"] = datetime.fromtimestamp(float(updated), tz=timezone.utc)
+    if hours is not None:
+        counts: dict[str, int] = {}
+        for fields in hours:
+            counts.update((_text(k), int(v)) for k, v in fields.items())
+        first = last_minute - SERIES_MINUTES + 1
+        kwargs["per_minute"] = tuple(
+            Minute(
+                datetime.fromtimestamp(minute * 60, tz=timezone.utc),
+                counts.get(f"a:{minute}", 0),
+                counts.get(f"f:{minute}", 0),
+            )
+            for minute in range(first, last_minute + 1)
+        )
     return LockStats(name=stats_name, **kwargs)
 
 
-def _read(alias: str | None, names: list[str]) -> list[LockStats]:
+def _read(alias: str | None, names: list[str], *, series: bool = False) -> list[LockStats]:
     from django_redislock.client import read_stats
     from django_redislock.connection import backend_errors, get_client
     from django_redislock.keys import keyspace
@@ -355,30 +564,50 @@ def _read(alias: str | None, names: list[str]) -> list[LockStats]:
     if not names:
         return []
     space = keyspace(alias)
-    with backend_errors("read lock statistics"):
-        replies = read_stats(
-            get_client(alias), [(space.stats(n), space.stats_max(n)) for n in names]
+    last_minute = int(time.time() // 60)
+    # The series' minutes lie in this hour and the previous one (SERIES_MINUTES <= 60).
+    hours = sorted({(last_minute - SERIES_MINUTES + 1) // 60, last_minute // 60})
+    keys = [
+        (
+            space.stats(n),
+            space.stats_max(n),
+            *((space.stats_minutes(n, hour) for hour in hours) if series else ()),
         )
-    return [_parse(n, raw, maxima) for n, (raw, maxima) in zip(names, replies, strict=True) if raw]
+        for n in names
+    ]
+    with backend_errors("read lock statistics"):
+        replies = read_stats(get_client(alias), keys)
+    return [
+        _parse(n, raw, maxima, per_hour if series else None, last_minute)
+        for n, (raw, maxima, per_hour) in zip(names, replies, strict=True)
+        if raw
+    ]
 
 
-def get_stats(name_or_template: str, using: str | None = None) -> LockStats | None:
+def get_stats(
+    name_or_template: str, using: str | None = None, *, series: bool = False
+) -> LockStats | None:
     """Figures of one stats name (a lock name, or a ``distributed_lock`` key template).
 
     ``None`` when nothing was recorded in the last :data:`STATS_TTL` seconds. Figures still in
     some process's memory (up to :data:`FLUSH_INTERVAL` seconds old) are not included; call
-    :func:`flush` first to include this process's.
+    :func:`flush` first to include this process's. ``series=True`` also reads
+    :attr:`LockStats.per_minute` (two more reads per name).
     """
-    found = _read(using, [name_or_template])
+    found = _read(using, [name_or_template], series=series)
     return found[0] if found else None
 
 
-def get_many_stats(names: list[str], using: str | None = None) -> dict[str, LockStats]:
+def get_many_stats(
+    names: list[str], using: str | None = None, *, series: bool = False
+) -> dict[str, LockStats]:
     """Figures of several stats names in one round trip (names without figures are left out)."""
-    return {s.name: s for s in _read(using, list(dict.fromkeys(names)))}
+    return {s.name: s for s in _read(using, list(dict.fromkeys(names)), series=series)}
 
 
-def iter_stats(using: str | None = None, *, batch: int = 200) -> Iterator[LockStats]:
+def iter_stats(
+    using: str | None = None, *, batch: int = 200, series: bool = False
+) -> Iterator[LockStats]:
     """Figures of every stats name of the namespace (SCAN, never ``KEYS``), in no fixed order."""
     from django_redislock.client import scan_keys
     from django_redislock.connection import backend_errors, get_client
@@ -399,6 +628,6 @@ def iter_stats(using: str | None = None, *, batch: int = 200) -> Iterator[LockSt
             if stats_name not in seen:
                 seen.add(stats_name)
                 names.append(stats_name)
-        yield from _read(using, names)
+        yield from _read(using, names, series=series)
         if int(cursor) == 0:
             return

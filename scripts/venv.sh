@@ -2,7 +2,7 @@
 # Create the project's virtualenv if it is missing and install what one make target needs.
 # Called by the Makefile (`make venv`, `make demo`); not meant to be run on its own.
 #
-#   bash scripts/venv.sh dev    the package (editable) with its celery, django-redis, tasks and
+#   bash scripts/venv.sh dev    the package (editable) with its celery, django-redis, tasks, otel and
 #                               prometheus extras + the `dev` dependency group (tests, lint,
 #                               types, benchmarks, tox)
 #   bash scripts/venv.sh demo   the package with the celery and django-redis extras + the `demo`
@@ -19,7 +19,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PROFILE=${1:-dev}
 VENV=${VENV:-.venv}
 case "$PROFILE" in
-    dev) extras=celery,django-redis,prometheus,tasks; group=dev ;;
+    dev) extras=celery,django-redis,prometheus,otel,tasks; group=dev ;;
     demo) extras=celery,django-redis; group=demo ;;
     *) echo "venv.sh: unknown profile '$PROFILE' (dev or demo)" >&2; exit 2 ;;
 esac

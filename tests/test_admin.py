@@ -761,3 +761,46 @@ def test_parse_selection_keeps_each_token_and_name_pair_once():
         (5, "e:f"),
         (6, "a"),
     ]
+
+
+def test_statistics_page_counts_skips_apart_and_draws_svg_charts(viewer, take):
+    for _ in range(3):
+        with Lock("report:{n}"):
+            pass
+    stats.record(None, "report:{n}", "skipped")
+    stats.record(None, "report:{n}", "deduplicated")
+    stats.record(None, "report:{n}", "deduplicated")
+    take("held-now")
+    stats.flush()
+    html = logged_in(viewer).get(reverse("admin:django_redislock_lock_statistics")).content.decode()
+    text = texts(html)
+    assert "Skipped / deduplicated" in text
+    row = cells(html, has="report:")
+    assert row[:6] == ["report:{n}", "3", "0", "0", "100.0%", "1&nbsp;/ 2"], row  # rate stays 100 %
+    assert "<script" not in html.split('id="redislock-charts"')[1]  # server-rendered, no JS
+    assert not re.search(r'(src|href)="(https?:)?//', html)  # nothing from a CDN
+    charts = html.split('id="redislock-charts"')[1]
+    cards = charts.split('class="chart-card"')[1:]
+    [report] = [card for card in cards if "<h3>report:{n}</h3>" in card]
+    assert report.count('<svg class="chart"') == 2  # its wait and hold distributions
+    assert "n = 3" in report  # three waits, three holds
+    assert 'class="redislock-chart chart-timeline"' in charts  # acquisitions this minute
+    assert 'class="bar bar-acquired"' in charts
+    assert re.search(r"0 min ago \(.*\): \d+ acquired", charts)
+    assert 'class="bar bar-holder"' in charts and "held-now" in charts
+
+
+def test_statistics_charts_fall_back_to_totals_without_recent_minutes(viewer):
+    from django_redislock.client import StatsUpdate, write_stats
+    from django_redislock.connection import get_client
+    from django_redislock.keys import keyspace
+
+    space = keyspace()
+    update = StatsUpdate(
+        space.stats("old"), space.stats_max("old"), {"acquired": 5, "failed": 1}, {}, {}
+    )
+    write_stats(get_client(), [update], now=0, ttl=60)
+    html = logged_in(viewer).get(reverse("admin:django_redislock_lock_statistics")).content.decode()
+    charts = html.split('id="redislock-charts"')[1]
+    assert "chart-outcomes" in charts and "No acquisition in the last hour" in charts
+    assert "No lock is held right now." in charts

@@ -162,6 +162,17 @@ STATS = {
             "released": 12_300,
             "lost": 12,
             "force_released": 3,
+            "skipped": 40,
+            "deduplicated": 7,
+            # Histogram buckets (seconds): waits mostly <= 5 ms, holds spread over minutes.
+            "wait_le_0.005": 10_000,
+            "wait_le_1": 2_000,
+            "wait_le_300": 300,
+            "wait_le_inf": 45,
+            "hold_le_1": 300,
+            "hold_le_60": 4_000,
+            "hold_le_300": 6_000,
+            "hold_le_1800": 2_000,
         },
         totals={"wait_total": 12_345 * 75.5, "hold_total": 12_300 * 754.0},
         maxima={"wait": 7_384.0, "hold": 200_000.0},
@@ -178,10 +189,17 @@ def realistic_data(redis_client):
         record = {"o": f"owner-{i}", "n": 1, "t": 1795548632468931 + i, "at": NOW_MS, "m": meta}
         redis_client.set(keys.lock(name), json.dumps(record), px=ttl_ms if i else None)
     redis_client.set(keys.lock("legacy-cron-lock"), b"\xff\xfe written by an old cron script")
-    updates = [
-        StatsUpdate(keys.stats(n), keys.stats_max(n), u.counters, u.totals, u.maxima)
-        for n, u in STATS.items()
-    ]
+    minute = int(time.time() // 60)
+    updates = []
+    for i, (n, u) in enumerate(STATS.items()):
+        # Acquisitions over the last hour: every fifth minute busy, some with failures.
+        series: dict[str, dict[str, int]] = {}
+        for m in range(minute - 50, minute + 1, 5):
+            hour = series.setdefault(keys.stats_minutes(n, m // 60), {})
+            hour.update({f"a:{m}": 5 + (m % 7) * i, f"f:{m}": m % 3})
+        updates.append(
+            StatsUpdate(keys.stats(n), keys.stats_max(n), u.counters, u.totals, u.maxima, series)
+        )
     write_stats(get_client(), updates, now=time.time(), ttl=3600)
     assert Lock("short", timeout=30, auto_renew=False).acquire()
 
@@ -335,3 +353,105 @@ def test_detail_pages_never_scroll_sideways(live_server, browser, operator, real
             "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
         )
         assert overflow[0] <= overflow[1], (name, overflow)
+
+
+# -- statistics charts ---------------------------------------------------------------------------
+
+CHARTS_JS = """
+() => {
+  const rect = (r) => ({left: r.left, right: r.right, top: r.top, bottom: r.bottom,
+                        width: r.width, height: r.height});
+  const charts = [...document.querySelectorAll('#redislock-charts svg.chart')].map((svg) => {
+    const scroll = svg.closest('.chart-scroll');
+    return {
+      figure: svg.closest('figure').className,
+      box: rect(svg.getBoundingClientRect()),
+      scroll: {...rect(scroll.getBoundingClientRect()), scrollWidth: scroll.scrollWidth,
+               clientWidth: scroll.clientWidth},
+      bars: [...svg.querySelectorAll('rect.bar')].map((r) => ({
+        box: rect(r.getBoundingClientRect()), title: r.querySelector('title').textContent})),
+      texts: [...svg.querySelectorAll('text')].map((t) => ({
+        box: rect(t.getBoundingClientRect()), text: t.textContent})),
+    };
+  });
+  return {
+    charts,
+    cards: [...document.querySelectorAll('#chart-distributions .chart-card')].map((card) => ({
+      name: card.querySelector('h3').textContent.trim(),
+      kinds: [...card.querySelectorAll('figure')].map((f) => f.className.split(' ').pop())})),
+    page: {scrollWidth: document.documentElement.scrollWidth,
+           clientWidth: document.documentElement.clientWidth},
+    skipped: Object.fromEntries([...document.querySelectorAll('#stats-list tbody tr')].map(
+      (tr) => [tr.querySelector('.field-name').textContent.trim(),
+               tr.querySelector('.field-skipped').textContent.trim()])),
+  };
+}
+"""
+
+
+def overlap(a: dict[str, float], b: dict[str, float], slack: float = 0.5) -> bool:
+    return (
+        a["left"] < b["right"] - slack
+        and b["left"] < a["right"] - slack
+        and a["top"] < b["bottom"] - slack
+        and b["top"] < a["bottom"] - slack
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("width", [1280, 390])
+def test_statistics_charts_are_drawn_legibly_and_fit(
+    live_server, browser, operator, realistic_data, width
+):
+    page = open_page(browser, live_server, operator, width, PAGES["statistics"][0])
+    shot = ARTIFACTS / f"admin-charts-{width}.png"
+    page.screenshot(path=str(shot), full_page=True)
+    found = page.evaluate(CHARTS_JS)
+    assert found["page"]["scrollWidth"] <= found["page"]["clientWidth"], "page scrolls sideways"
+    # (Figures of other names may show up too: this process's "short" lock, flushed whenever the
+    # background flusher runs.)
+    for name in STATS:
+        assert found["skipped"][name] == "40\xa0/ 7"  # the skipped / deduplicated column
+    kinds = [c["figure"].split()[-1] for c in found["charts"]]
+    # Acquisitions over time (the series exists), current holders, then wait + hold per template.
+    assert kinds[:2] == ["chart-timeline", "chart-holders"]
+    cards = {card["name"]: card["kinds"] for card in found["cards"]}
+    for name in STATS:
+        assert cards[name] == ["chart-wait", "chart-hold"]
+    for chart in found["charts"]:
+        assert chart["bars"], f"{chart['figure']} has no bars"
+        assert all(b["box"]["width"] > 0 and b["box"]["height"] > 0 for b in chart["bars"])
+        # Inside the screen, or scrolling inside its own box (phones), never the page.
+        scroll = chart["scroll"]
+        assert scroll["left"] >= -0.5 and scroll["right"] <= width + 0.5, chart["figure"]
+        assert chart["box"]["width"] <= scroll["scrollWidth"] + 0.5
+        # Text is legible (at least 3/4 of its drawn size) and never drawn over other text or
+        # over a bar.
+        svg = chart["box"]
+        for text in chart["texts"]:
+            assert text["box"]["height"] >= 10, (chart["figure"], text)
+            inside = svg["left"] - 0.5 <= text["box"]["left"] <= text["box"]["right"]
+            assert inside and text["box"]["right"] <= svg["right"] + 0.5, (chart["figure"], text)
+        for one, other in itertools.combinations(chart["texts"], 2):
+            assert not overlap(one["box"], other["box"]), (chart["figure"], one, other)
+        for text in chart["texts"]:
+            for bar in chart["bars"]:
+                assert not overlap(text["box"], bar["box"]), (chart["figure"], text, bar)
+    timeline, holders = found["charts"][0], found["charts"][1]
+    assert len(timeline["bars"]) > 11  # 11 busy minutes, some with failures stacked on top
+    assert any("failed" in b["title"] for b in timeline["bars"])
+    # Longest held first: the locks of REALISTIC_LOCKS were acquired "now" in the record, so
+    # each holder has a bar; the tooltip names who holds it.
+    assert len(holders["bars"]) == len(REALISTIC_LOCKS) + 1  # + "short" (the unreadable: none)
+    assert any("fencing token" in b["title"] for b in holders["bars"])
+    # What a person sees: the timeline's bars are painted (pixels, not only DOM).
+    image = read_png(shot)
+    box = timeline["box"]
+    scroll_y = page.evaluate("window.scrollY")
+    inked = image.inked_columns(
+        int(box["left"]),
+        int(box["right"]),
+        int(box["top"] + scroll_y),
+        int(box["bottom"] + scroll_y),
+    )
+    assert sum(inked) > len(inked) // 3, "the timeline chart is not painted"

@@ -12,7 +12,14 @@ from collections.abc import Iterator
 import pytest
 from django.test import override_settings
 
-from django_redislock import Lock, LockNotOwnedError, distributed_lock, force_release, stats
+from django_redislock import (
+    Lock,
+    LockNotAcquiredError,
+    LockNotOwnedError,
+    distributed_lock,
+    force_release,
+    stats,
+)
 from django_redislock.keys import keyspace
 from tests.conftest import ROOT, subprocess_env, wait_for
 
@@ -242,3 +249,209 @@ def test_prometheus_collector_exports_the_same_figures():
     assert 0.05 <= registry.get_sample_value("redislock_hold_seconds_max", {"name": "exported"}) < 5
     text = generate_latest(registry).decode()
     assert 'redislock_acquisitions_total{name="exported"} 2.0' in text
+
+
+# -- histograms, the per-minute series, skips ----------------------------------------------------
+
+
+def bucket(seconds: float) -> int:
+    """Index of the bucket a value falls in, by the documented rule (``le``, inclusive)."""
+    return next(
+        (i for i, bound in enumerate(stats.BUCKETS) if seconds <= bound), len(stats.BUCKETS)
+    )
+
+
+def counts(*indexes: int) -> tuple[int, ...]:
+    found = [0] * (len(stats.BUCKETS) + 1)
+    for index in indexes:
+        found[index] += 1
+    return tuple(found)
+
+
+def test_buckets_are_increasing_upper_bounds_in_seconds():
+    assert sorted(set(stats.BUCKETS)) == list(stats.BUCKETS)
+    assert (stats.BUCKETS[0], stats.BUCKETS[-1]) == (0.001, 1800.0)
+
+
+def test_waits_and_holds_are_counted_in_their_buckets_exactly():
+    waits = [0.0004, 0.001, 0.003, 0.003, 0.7, 42.0, 4000.0]
+    holds = [0.02, 0.5, 0.51, 12.0]
+    for seconds in waits:
+        stats.record(None, "histo:{n}", "acquired", seconds)
+    for seconds in holds:
+        stats.record(None, "histo:{n}", "released", seconds)
+    s = figures("histo:{n}")
+    # 0.0004 and 0.001 in "<= 1 ms", 0.003 twice in "<= 5 ms", 0.7 in "<= 1 s", 42 in "<= 60 s",
+    # 4000 above the last bound (+Inf).
+    assert s.wait_buckets == counts(0, 0, 1, 1, 6, 10, 13)
+    assert s.wait_buckets == counts(*map(bucket, waits))
+    assert s.hold_buckets == counts(3, 5, 6, 9)
+    assert (s.wait_count, s.hold_count) == (s.acquired, s.released) == (7, 4)
+    assert s.wait_total == pytest.approx(sum(waits))
+
+
+def test_histograms_are_kept_per_key_template():
+    stats.record(None, "a:{n}", "acquired", 0.002)
+    stats.record(None, "b:{n}", "acquired", 20.0)
+    stats.flush()
+    found = stats.get_many_stats(["a:{n}", "b:{n}"])
+    assert found["a:{n}"].wait_buckets == counts(1)
+    assert found["b:{n}"].wait_buckets == counts(9)
+
+
+def test_histograms_add_up_across_flushes_and_processes(redis_client):
+    stats.record(None, "summed", "released", 0.2)
+    stats.flush()
+    code = (
+        "import django; django.setup()\n"
+        "from django_redislock import stats\n"
+        "stats.record(None, 'summed', 'released', 0.3)\n"
+        "stats.record(None, 'summed', 'released', 90.0)\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), check=True, timeout=30
+    )
+    s = figures("summed")
+    assert s.hold_buckets == counts(5, 5, 11)
+    fields = {k.decode() for k in redis_client.hkeys(keyspace().stats("summed"))}
+    assert {"hold_le_0.5", "hold_le_300"} <= fields  # one field per non-empty bucket, by bound
+    assert not any(f.startswith("wait_le_") for f in fields)
+
+
+def test_a_real_lock_fills_both_histograms():
+    for _ in range(2):
+        with Lock("real-histo"):
+            time.sleep(0.12)
+    s = figures("real-histo")
+    assert s.wait_count == 2 and s.hold_count == 2
+    assert s.hold_buckets[bucket(0.5)] == 2  # 0.1 s < each hold <= 0.5 s
+
+
+def test_acquisitions_and_failures_per_minute_for_the_last_hour(redis_client):
+    for _ in range(3):
+        stats.record(None, "series", "acquired", 0.01)
+    stats.record(None, "series", "failed", 0.5)
+    minute = int(time.time() // 60)
+    stats.flush()
+    s = stats.get_stats("series", series=True)
+    assert s is not None and len(s.per_minute) == stats.SERIES_MINUTES
+    starts = [m.start.timestamp() for m in s.per_minute]
+    assert starts == sorted(starts) and starts[1] - starts[0] == 60
+    busy = [m for m in s.per_minute if m.acquired or m.failed]
+    assert [(m.acquired, m.failed) for m in busy] == [(3, 1)]
+    assert abs(busy[0].start.timestamp() // 60 - minute) <= 1
+    assert stats.get_stats("series").per_minute == ()  # read only when asked for
+    key = keyspace().stats_minutes("series", minute // 60)
+    assert 0 < redis_client.ttl(key) <= stats.SERIES_TTL  # bounded: each hour's hash expires
+
+
+def test_minutes_older_than_the_window_are_not_shown():
+    from django_redislock.client import StatsUpdate, write_stats
+    from django_redislock.connection import get_client
+
+    old = int(time.time() // 60) - stats.SERIES_MINUTES - 1
+    space = keyspace()
+    update = StatsUpdate(
+        space.stats("window"),
+        space.stats_max("window"),
+        {"acquired": 5},
+        {},
+        {},
+        series={space.stats_minutes("window", old // 60): {f"a:{old}": 5}},
+    )
+    write_stats(get_client(), [update], now=time.time(), ttl=60)
+    s = stats.get_stats("window", series=True)
+    assert s is not None and sum(m.acquired for m in s.per_minute) == 0
+
+
+def test_a_skip_on_busy_is_skipped_not_failed():
+    @distributed_lock("report:{n}", on_busy="skip")
+    def report(n: int) -> str:
+        return "ran"
+
+    with Lock("report:1", owner="elsewhere", stats_name="holder"):
+        assert report(1) is None
+    assert report(1) == "ran"
+    s = figures("report:{n}")
+    assert (s.acquired, s.failed, s.skipped) == (1, 0, 1)
+    assert s.success_rate == 1.0
+
+
+def test_an_on_busy_callable_that_returns_is_skipped_one_that_raises_failed():
+    @distributed_lock("fallback", on_busy=lambda: "cached")
+    def fallback() -> str:
+        return "fresh"
+
+    @distributed_lock("strict", on_busy=lambda: (_ for _ in ()).throw(RuntimeError("busy")))
+    def strict() -> str:
+        return "fresh"
+
+    with (
+        Lock("fallback", owner="elsewhere", stats_name="holder"),
+        Lock("strict", owner="elsewhere", stats_name="holder"),
+    ):
+        assert fallback() == "cached"
+        with pytest.raises(RuntimeError):
+            strict()
+    assert (figures("fallback").skipped, figures("fallback").failed) == (1, 0)
+    assert (figures("strict").skipped, figures("strict").failed) == (0, 1)
+
+
+def test_a_busy_lock_with_on_busy_raise_is_still_a_failure():
+    @distributed_lock("exclusive", blocking=False)
+    def exclusive() -> None:
+        pass
+
+    with (
+        Lock("exclusive", owner="elsewhere", stats_name="holder"),
+        pytest.raises(LockNotAcquiredError),
+    ):
+        exclusive()
+    s = figures("exclusive")
+    assert (s.failed, s.skipped, s.success_rate) == (1, 0, 0.0)
+
+
+def test_single_flight_skips_and_deduplications_are_counted_apart():
+    from django_redislock.singleflight import (
+        UNTIL_EXECUTED,
+        Busy,
+        FlightRules,
+        Ticket,
+        begin,
+        count_outcome,
+        end,
+        reserve,
+    )
+
+    rules = FlightRules.validated("tests.flight", mode=UNTIL_EXECUTED, stats_name="flight")
+    flight = begin(rules, "k", "a", reserve(rules, "k", "a"))
+    with pytest.raises(Busy):
+        begin(rules, "k", "c", Ticket("k"))
+    count_outcome(rules, "k", "skipped")  # what the integrations do with Busy ...
+    count_outcome(rules, "k", "deduplicated")  # ... and with a Duplicate
+    end(flight)
+    s = figures("flight")
+    assert (s.acquired, s.failed, s.skipped, s.deduplicated) == (1, 0, 1, 1)
+    assert s.success_rate == 1.0
+
+
+def test_record_reads_the_stats_setting_once_and_again_after_a_change(monkeypatch):
+    from django_redislock import conf
+
+    stats.record(None, "cached", "skipped")  # the setting is read (at the latest) here
+    looked_up = []
+    real = conf.get_settings
+
+    def counting() -> conf.LockSettings:
+        looked_up.append(1)
+        return real()
+
+    counting.cache_clear = real.cache_clear  # type: ignore[attr-defined]
+    monkeypatch.setattr(conf, "get_settings", counting)
+    for _ in range(100):
+        stats.record(None, "cached", "skipped")
+    assert looked_up == []  # not per call: record() is on the hot path
+    with override_settings(REDISLOCK={"STATS": False}):
+        stats.record(None, "cached", "skipped")  # read again after the change: now off
+    assert looked_up == [1]
+    assert figures("cached").skipped == 101

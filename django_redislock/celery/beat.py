@@ -350,7 +350,10 @@ class LeaderSchedulerMixin(_SchedulerBase):
             )
             return None
         if not acquired:
+            from django_redislock import stats
             from django_redislock.operations import describe_holder, get_lock_info
+
+            stats.record(spec.using, spec.key, "deduplicated")
 
             try:
                 info = get_lock_info(spec.key, using=spec.using)

@@ -93,7 +93,11 @@ class SingleFlightSpec:
         }
 
     def lock(self, task_id: str, *, queued: bool) -> Lock:
-        """The task id's lock on the key: queued (at publish, not renewed) or running."""
+        """The task id's lock on the key: queued (at publish, not renewed) or running.
+
+        The publish-time one is quiet, as single-flight publishes are: holding the key for a
+        queued message is not an acquisition of the work, and a busy key is a deduplication
+        (counted by the beat scheduler), not a failure."""
         return Lock(
             self.key,
             timeout=self.queue_lease if queued else self.timeout,
@@ -103,6 +107,7 @@ class SingleFlightSpec:
             task_id=task_id,
             queued=queued,
             stats_name=self.key,
+            quiet=queued,
         )
 
 

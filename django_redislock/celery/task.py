@@ -253,6 +253,7 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
             or existing is None
             or (explicit_id and own_id != existing)
         )
+        singleflight.count_outcome(self.flight_rules, key, "deduplicated")
         task_deduplicated.send_robust(
             type(self), task=self, key=key, existing_task_id=existing, raised=must_raise
         )
@@ -395,6 +396,7 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
             f"task {busy.holder}" if busy.holder else "another holder",
             busy.reason,
         )
+        singleflight.count_outcome(rules, busy.key, "skipped")
         task_rescheduled.send_robust(
             type(self),
             task=self,
@@ -450,6 +452,7 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
             f"task {holder}" if holder else "another holder",
             reason,
         )
+        singleflight.count_outcome(self.flight_rules, key, "skipped")
         task_skipped.send_robust(
             type(self), task=self, task_id=task_id, key=key, holder=holder, reason=reason
         )
