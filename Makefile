@@ -1,10 +1,11 @@
 # The one task runner of django-redislock: developers, the README and CI (`.ci/run` = `make ci`)
 # all come through these targets; scripts/*.sh are their helpers, tox only runs the matrix.
 #
-#   make test [ARGS=...]    the whole suite, as CI runs it (creates .venv on first use)
+#   make test [ARGS=...]    the suite but topology and bench, as CI runs it (creates .venv on first use)
 #   make test-fast          everything but the tests marked `slow` (seconds)
 #   make test-slow          only the `slow` tests (processes, workers, browsers, faults, venvs)
 #   make test-topology      Redis Cluster, Sentinel and independent masters (real processes)
+#   make test-bench         the benchmark harness smoke test (bench_locks.py --quick, every section)
 #   make test-flavours      the core again on a bare CACHES entry and on Django's RedisCache
 #   make lint               ruff check + ruff format --check
 #   make format             ruff check --fix + ruff format
@@ -13,7 +14,7 @@
 #   make bench [ARGS=...]   benchmarks/bench_locks.py (ARGS=--quick for a short run)
 #   make demo [PORT=8000]   the example project (Ctrl-C stops everything)
 #   make hooks              install pre-commit and its git hook (optional)
-#   make ci                 what .ci/run runs: lint, type, test, matrix, bench smoke run
+#   make ci                 what .ci/run runs: lint, type, test, topology, bench test, flavours, matrix, bench
 #
 # `make venv` creates .venv (PYTHON=... picks the interpreter) with the package in editable mode,
 # its celery/django-redis/prometheus extras and the `dev` dependency group (pyproject.toml);
@@ -36,7 +37,7 @@ MATRIX_TESTS := tests/test_waiting.py tests/test_aio.py tests/test_semaphore.py 
 	tests/test_checks.py tests/faults/test_lock_faults.py tests/test_celery.py
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo-venv system-deps test test-fast test-slow test-topology test-flavours \
+.PHONY: help venv demo-venv system-deps test test-fast test-slow test-topology test-bench test-flavours \
 	lint format type matrix bench \
 	demo clean-demo hooks ci
 
@@ -54,7 +55,10 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 test: venv system-deps
-	$(PY) -m pytest -m "not topology" $(ARGS)
+	$(PY) -m pytest -m "not topology and not bench" $(ARGS)
+
+test-bench: venv system-deps
+	$(PY) -m pytest -m bench $(ARGS)
 
 test-topology: venv system-deps
 	$(PY) -m pytest -m topology $(ARGS)
@@ -101,7 +105,7 @@ hooks: venv
 	$(BIN)/pre-commit install
 
 # CI: cheap checks first, then the whole suite (slow tests included: nothing is skipped), the
-# topology step (Cluster, Sentinel, independent masters), the core again on a bare CACHES entry
+# topology step (Cluster, Sentinel, independent masters), the benchmark harness test, the core again on a bare CACHES entry
 # and on Django's RedisCache, the oldest/newest matrix on the core tests with a bare CACHES entry
 # (redis-py's own defaults: none in 5.x, 5 s in 8.x), and a benchmark smoke run (prints
 # numbers; speed is not a pass/fail criterion).
@@ -110,6 +114,7 @@ ci:
 	$(MAKE) type
 	$(MAKE) test ARGS="-q --durations=15"
 	$(MAKE) test-topology ARGS="-q --durations=10"
+	$(MAKE) test-bench ARGS="-q"
 	$(MAKE) test-flavours ARGS="-q"
 	REDISLOCK_TEST_CACHE=bare $(MAKE) matrix ARGS="-q $(MATRIX_TESTS)"
 	$(MAKE) bench ARGS=--quick

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.bench]  # `make test-bench`, a CI step of its own
 
 TITLES = (
     "#### 1.",
