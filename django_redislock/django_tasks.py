@@ -223,18 +223,7 @@ class SingleFlightTask(Task, Generic[P, T]):  # type: ignore[type-arg]
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        rules = FlightRules.validated(
-            self.module_path,
-            mode=self.lock_mode,
-            timeout=self.lock_timeout,
-            queue_timeout=self.lock_queue_timeout,
-            permits=self.lock_permits,
-            on_busy=self.lock_on_busy,
-            on_duplicate=self.lock_on_duplicate,
-            reschedule_countdown=self.lock_reschedule_countdown,
-            using=self.lock_using,
-            stats_name=self.module_path,
-        )
+        rules = FlightRules.of_task(self.module_path, self, stats_name=self.module_path)
         backend = self.get_backend()
         if rules.on_busy == "reschedule" and not (backend.supports_defer or _runs_inline(backend)):
             raise ValueError(

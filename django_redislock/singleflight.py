@@ -246,6 +246,26 @@ class FlightRules:
             raise fail(f"lock_using must be a CACHES alias or None, not {rules.using!r}")
         return rules
 
+    @classmethod
+    def of_task(cls, task: str, options: Any, *, stats_name: str | None) -> FlightRules:
+        """:meth:`validated` from the ``lock_*`` attributes every task face declares.
+
+        Celery tasks declare them as class attributes, Django tasks as dataclass fields; both
+        read them here, so an option added to one face cannot be forgotten by the other.
+        """
+        return cls.validated(
+            task,
+            mode=options.lock_mode,
+            timeout=options.lock_timeout,
+            queue_timeout=options.lock_queue_timeout,
+            permits=options.lock_permits,
+            on_busy=options.lock_on_busy,
+            on_duplicate=options.lock_on_duplicate,
+            reschedule_countdown=options.lock_reschedule_countdown,
+            using=options.lock_using,
+            stats_name=stats_name,
+        )
+
     @property
     def lease(self) -> float:
         """Running lease (renewed while the body runs); ``until_expired``: the window."""

@@ -116,18 +116,7 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         # finalizes): a bad template or option fails there, not at the first publish.
         super().__init_subclass__(**kwargs)
         name = getattr(cls, "name", None) or cls.__qualname__
-        cls._flight_rules = FlightRules.validated(
-            name,
-            mode=cls.lock_mode,
-            timeout=cls.lock_timeout,
-            queue_timeout=cls.lock_queue_timeout,
-            permits=cls.lock_permits,
-            on_busy=cls.lock_on_busy,
-            on_duplicate=cls.lock_on_duplicate,
-            reschedule_countdown=cls.lock_reschedule_countdown,
-            using=cls.lock_using,
-            stats_name=getattr(cls, "name", None),
-        )
+        cls._flight_rules = FlightRules.of_task(name, cls, stats_name=getattr(cls, "name", None))
         cls._lock_name_of = key_function(cls, cls.lock_key)
 
     # -- keys ----------------------------------------------------------------------------------
