@@ -188,7 +188,7 @@ def test_wheel_metadata_license_extras_and_platforms(dists: dict[str, Path]) -> 
     assert "Classifier: Operating System :: OS Independent" not in headers
     assert "Classifier: Operating System :: POSIX :: Linux" in headers
     extras = {h.split(": ", 1)[1] for h in headers if h.startswith("Provides-Extra: ")}
-    assert extras == {"celery", "django-redis", "prometheus", "tasks"}, extras
+    assert extras == {"celery", "django-redis", "otel", "prometheus", "tasks"}, extras
     requires = [h.split(": ", 1)[1] for h in headers if h.startswith("Requires-Dist: ")]
     unconditional = {r.split(">")[0].split("[")[0].lower() for r in requires if ";" not in r}
     assert unconditional == {"django", "redis"}, requires  # django-redis is optional
