@@ -7,7 +7,9 @@ locally, ``EVALSHA`` is tried first, and a ``NOSCRIPT`` reply (Redis restarted, 
 The shared functions of ``lua/_library.lua`` are prepended to every script *on its first line*
 (comments stripped, joined with spaces; the script's own first line is a comment), so line
 numbers in Redis error messages are the line numbers of the script's own file, and the errors
-name that file instead of Redis's ``user_script``.
+name that file instead of Redis's ``user_script``. Only the definitions a script uses (directly
+or through another definition) are prepended: Lua creates a closure for every ``local
+function`` each time a script runs, so the whole library would cost every call its ~20 closures.
 """
 
 from __future__ import annotations
@@ -57,15 +59,53 @@ def _one_line(source: str) -> str:
     return code
 
 
+_DEFINITION = re.compile(r"^local (?:function )?([A-Za-z_]\w*)")
+
+
+def _definitions(source: str) -> list[tuple[str, str]]:
+    """The library's top-level definitions in order: (name, code on one line).
+
+    Every top-level line of ``_library.lua`` is a comment, a ``local`` definition starting at
+    column 0, or part of the definition above it.
+    """
+    found: list[tuple[str, list[str]]] = []
+    for line in source.splitlines():
+        match = _DEFINITION.match(line)
+        if match:
+            found.append((match.group(1), [line]))
+        elif found:
+            found[-1][1].append(line)
+    return [(name, _one_line("\n".join(lines))) for name, lines in found]
+
+
+def _prelude(text: str) -> str:
+    """The library definitions ``text`` needs, transitively, in the library's order."""
+    definitions = _definitions(_read(_LIBRARY))
+    needed: set[str] = set()
+    pending = [_one_line_code(text)]
+    while pending:
+        code = pending.pop()
+        for name, body in definitions:
+            if name not in needed and re.search(rf"\b{name}\b", code):
+                needed.add(name)
+                pending.append(body)
+    return " ".join(body for name, body in definitions if name in needed)
+
+
+def _one_line_code(text: str) -> str:
+    """A script's code without its comments (names in comments are not uses)."""
+    return " ".join(_COMMENT.sub("", line) for line in text.splitlines())
+
+
 class Script:
-    """One Lua script from ``lua/``, with the library's functions on its first line."""
+    """One Lua script from ``lua/``, with the library definitions it uses on its first line."""
 
     def __init__(self, filename: str) -> None:
         self.filename = filename
         text = _read(filename)
         if not text.startswith("--"):
             raise ValueError(f"lua/{filename} must start with its comment header")
-        self.source = _one_line(_read(_LIBRARY)) + " " + text
+        self.source = _prelude(text) + " " + text
         self.sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
 
     def __repr__(self) -> str:
