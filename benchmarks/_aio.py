@@ -336,7 +336,7 @@ async def _loop_lag(
         "held": _lag_stats(lags),
         "acquire_s": acquire_s,
         "renewal_round_trips_per_interval": renew_trips / intervals,
-        "renewals_per_lock_per_interval": srv["commands"].get("evalsha", (0, 0))[0]
+        "renewals_per_lock_per_interval": srv["commands"].get("pexpire", (0, 0))[0]
         / locks
         / intervals,
         "cpu_pct": cpu / window * 100,

@@ -125,7 +125,7 @@ def run_watchdog(
     finally:
         pool.retire(worker)
     intervals = seen["elapsed_s"] / (timeout / 3)
-    renewals = srv["commands"].get("evalsha", (0, 0))[0]
+    renewals = srv["commands"].get("pexpire", (0, 0))[0]  # one PEXPIRE per renewal (in Lua)
     return {
         "locks": count,
         "timeout_s": timeout,

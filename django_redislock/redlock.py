@@ -267,6 +267,9 @@ class _QuorumPipeline:
 class QuorumRenewer:
     """A client-like object through which the watchdog renews a hold on every master."""
 
+    #: Renewals are combined per call (a majority renewed it); no batched RENEW_MANY replies.
+    batch_renewals = False
+
     def __init__(self, masters: Sequence[Any]) -> None:
         self.masters = tuple(masters)
 

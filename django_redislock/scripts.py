@@ -30,6 +30,8 @@ __all__ = [
     "FORCE_RELEASE",
     "RELEASE",
     "RENEW",
+    "RENEW_BATCH",
+    "RENEW_MANY",
     "SEM_ACQUIRE",
     "SEM_CANCEL",
     "SEM_FORCE_RELEASE",
@@ -39,6 +41,7 @@ __all__ = [
     "Script",
     "call_and_wait",
     "node_client",
+    "renew_many",
     "run_pipeline",
 ]
 
@@ -261,7 +264,7 @@ def run_pipeline(
     for attempt in range(2):
         pipe = client.pipeline(transaction=False)
         for keys, args in calls:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
         if replicas:
             pipe.execute_command("WAIT", replicas, timeout_ms)
         results = pipe.execute(raise_on_error=False)
@@ -277,9 +280,38 @@ def run_pipeline(
     return results
 
 
+#: Locks per ``RENEW_MANY`` call: a script blocks Redis while it runs (~0.3 µs per lock), so a
+#: watchdog renewing 10,000 locks sends 20 calls of a few hundred µs each, in one round trip.
+RENEW_BATCH = 500
+
+
+def renew_many(client: Any, calls: Sequence[tuple[str, str, int]]) -> list[Any]:
+    """Reset the leases of many locks of one standalone Redis in one round trip (the watchdog).
+
+    ``calls`` are ``(lock key, owner, milliseconds)``. Results in order: ``1`` renewed, ``0`` no
+    longer held by that owner, or the exception of the batch it was in. A script per lock in a
+    pipeline costs the client its packing and parsing per lock; one script per batch costs a
+    fraction. Not for a Cluster (one script may touch one slot only).
+    """
+    batches = [calls[i : i + RENEW_BATCH] for i in range(0, len(calls), RENEW_BATCH)]
+    replies = run_pipeline(
+        client,
+        RENEW_MANY,
+        [
+            ([key for key, _, _ in batch], [x for _, o, ms in batch for x in (o, ms)])
+            for batch in batches
+        ],
+    )
+    results: list[Any] = []
+    for batch, reply in zip(batches, replies, strict=True):
+        results.extend([reply] * len(batch) if isinstance(reply, Exception) else reply)
+    return results
+
+
 ACQUIRE = Script("acquire.lua")
 RELEASE = Script("release.lua")
 RENEW = Script("renew.lua")
+RENEW_MANY = Script("renew_many.lua")
 CANCEL = Script("cancel.lua")
 FORCE_RELEASE = Script("force_release.lua")
 SEM_ACQUIRE = Script("sem_acquire.lua")

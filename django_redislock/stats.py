@@ -352,6 +352,11 @@ def flush() -> None:
     If Redis cannot be reached the figures are kept for the next flush (bounded, see
     :data:`MAX_PENDING_NAMES`) and a warning is logged.
     """
+    _flush(final=False)
+
+
+def _flush(*, final: bool) -> None:
+    """:func:`flush`; ``final`` (at exit): figures that cannot be written are not kept."""
     global _pending, _dropped
     with _mutex:
         if not _pending and not _dropped:
@@ -376,6 +381,14 @@ def flush() -> None:
             # there is nowhere to write these figures any more.
             logger.debug("django_redislock: statistics of unknown cache %r dropped", alias)
         except Exception as exc:
+            if final:
+                logger.warning(
+                    "django_redislock: could not write the last lock statistics of this "
+                    "process to cache %r (%s); they are lost.",
+                    alias or _default_alias(),
+                    exc,
+                )
+                continue
             logger.warning(
                 "django_redislock: could not write lock statistics to cache %r (%s); "
                 "keeping them for the next flush.",
@@ -437,7 +450,7 @@ if hasattr(os, "register_at_fork"):
 @atexit.register
 def _flush_at_exit() -> None:
     try:
-        flush()
+        _flush(final=True)
     except Exception:  # the interpreter is going away; nothing sensible to do
         logger.debug("django_redislock: final statistics flush failed", exc_info=True)
 

@@ -108,11 +108,18 @@ class Watchdog:
                 client = scripts.node_client(client, hold.renew[2][0])
             by_client.setdefault((id(client), hold.renew[1].sha), (client, []))[1].append(hold)
         for client, group in by_client.values():
-            calls = [(h.renew[2], h.renew[3]) for h in group]
+            results: list[Any]
             try:
-                results: list[Any] = scripts.run_pipeline(
-                    client, group[0].renew[1], calls, wait_replicas=group[0].replicas
-                )
+                if _batchable(group):
+                    # One script per few hundred locks (RENEW_MANY) instead of one per lock.
+                    results = scripts.renew_many(
+                        client, [(h.renew[2][0], h.renew[3][0], h.renew[3][1]) for h in group]
+                    )
+                else:
+                    calls = [(h.renew[2], h.renew[3]) for h in group]
+                    results = scripts.run_pipeline(
+                        client, group[0].renew[1], calls, wait_replicas=group[0].replicas
+                    )
             except redis_errors.RedisError as exc:
                 results = [exc] * len(group)
             for hold, result in zip(group, results, strict=True):
@@ -150,6 +157,23 @@ class Watchdog:
         self._holds = set()
         self._thread = None
         self._wake_at = float("inf")
+
+
+def _batchable(group: list[Hold]) -> bool:
+    """Lock leases reset on one standalone Redis without replica acknowledgement: RENEW_MANY.
+
+    Semaphore permits (another script), a Cluster (one slot per script), ``REPLICAS``
+    (acknowledged per renewal) and Redlock's renewer (a majority per renewal) keep one script
+    call per hold.
+    """
+    first = group[0]
+    return (
+        first.renew[1] is scripts.RENEW
+        and getattr(first.client, "batch_renewals", True)
+        and not first.replicas[0]
+        and not connection.is_cluster(first.client)
+        and all(h.renew[3][2] == "set" for h in group)
+    )
 
 
 watchdog = Watchdog()

@@ -50,6 +50,17 @@ TOPOLOGY_FILES = frozenset(
 )
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Write the run's lock statistics while the suite's Redis still runs.
+
+    Otherwise the package's own exit flush runs after pytest closed its output streams (and,
+    for statistics of a server a test already stopped, logs to a closed stream).
+    """
+    from django_redislock import stats
+
+    stats.flush()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     faults = ROOT / "tests" / "faults"
     for item in items:

@@ -6,7 +6,7 @@ import os
 import threading
 import time
 
-from django_redislock import Lock
+from django_redislock import Lock, holds
 from django_redislock.watchdog import watchdog
 
 
@@ -21,7 +21,7 @@ def test_many_locks_share_one_thread_and_batch_their_renewals(redis_client, monk
     real_run_pipeline = scripts.run_pipeline
 
     def counting_run_pipeline(client, script, calls, **kwargs):  # a spy: Redis does the work
-        pipelines.append(len(calls))
+        pipelines.append(sum(len(keys) for keys, _ in calls))  # locks renewed by this round trip
         return real_run_pipeline(client, script, calls, **kwargs)
 
     monkeypatch.setattr(scripts, "run_pipeline", counting_run_pipeline)
@@ -31,8 +31,8 @@ def test_many_locks_share_one_thread_and_batch_their_renewals(redis_client, monk
     redis_client.config_resetstat()
     del pipelines[:]
     time.sleep(1.2)  # about four renewal intervals
-    evalsha = redis_client.info("commandstats")["cmdstat_evalsha"]
-    renewals = evalsha["calls"] - evalsha.get("failed_calls", 0)  # minus NOSCRIPT on first use
+    # Renewals as Redis ran them: a PEXPIRE per lock, inside RENEW_MANY (a script per batch).
+    renewals = redis_client.info("commandstats")["cmdstat_pexpire"]["calls"]
     assert len(watchdog_threads()) == 1
     assert renewals >= 300  # every lock was renewed at least once
     # What the spy saw is what Redis ran, give or take the pipeline in flight at either edge.
@@ -43,6 +43,31 @@ def test_many_locks_share_one_thread_and_batch_their_renewals(redis_client, monk
     for lock in locks:
         lock.release()
     assert len(watchdog) == 0
+
+
+def test_a_batch_larger_than_one_script_call_renews_each_lock_and_reports_each_loss(redis_client):
+    """RENEW_MANY runs RENEW_BATCH locks per script: every lock of a bigger batch is renewed,
+    and a lock deleted behind its holder's back is reported lost — that one only."""
+    from django_redislock import scripts
+
+    count = scripts.RENEW_BATCH + 50
+    locks = [Lock(f"batch:{i}", timeout=30) for i in range(count)]
+    for lock in locks:
+        lock.acquire()
+    try:
+        gone = locks[scripts.RENEW_BATCH + 7]  # in the second script call
+        redis_client.delete(gone._spec().lock_key)
+        for lock in locks:
+            redis_client.pexpire(lock._spec().lock_key, 5000)
+        watchdog.renew_now([holds.get((*lock._spec().ident, lock.owner)) for lock in locks])
+        assert gone.lost
+        assert [lock for lock in locks if lock.lost] == [gone]
+        ttls = [redis_client.pttl(lock._spec().lock_key) for lock in locks if lock is not gone]
+        assert min(ttls) > 20_000  # renewed to the 30 s lease, not left at 5 s
+    finally:
+        for lock in locks:
+            if not lock.lost:
+                lock.release()
 
 
 def test_released_lock_is_no_longer_renewed():
