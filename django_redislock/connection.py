@@ -56,11 +56,22 @@ def is_pool_exhausted(exc: BaseException | None) -> bool:
     return isinstance(exc, redis_errors.ConnectionError) and "Too many connections" in str(exc)
 
 
-def is_cluster(client: Any) -> bool:
-    """True for a Redis Cluster client (``PUBLISH`` there counts only one node's subscribers)."""
-    from redis.cluster import RedisCluster
+_cluster_types: dict[type, bool] = {}
 
-    return isinstance(client, RedisCluster)
+
+def is_cluster(client: Any) -> bool:
+    """True for a Redis Cluster client (``PUBLISH`` there counts only one node's subscribers).
+
+    Answered once per client class: the watchdog asks for every hold it renews, and
+    ``isinstance`` against redis-py's cluster class costs microseconds.
+    """
+    kind = type(client)
+    found = _cluster_types.get(kind)
+    if found is None:
+        from redis.cluster import RedisCluster
+
+        found = _cluster_types[kind] = isinstance(client, RedisCluster)
+    return found
 
 
 def reset() -> None:
