@@ -9,7 +9,7 @@
 #   make test-flavours      the core again on a bare CACHES entry and on Django's RedisCache
 #   make lint               ruff check + ruff format --check
 #   make format             ruff check --fix + ruff format
-#   make type               mypy --strict over the package
+#   make type               mypy --strict over the package, then a lenient mypy over tests/ (mypy-tests.ini)
 #   make matrix [ARGS=...]  oldest and newest supported Python/Django/Celery/redis-py (tox)
 #   make bench [ARGS=...]   benchmarks/bench_locks.py (ARGS=--quick for a short run)
 #   make demo [PORT=8000]   the example project (Ctrl-C stops everything)
@@ -83,8 +83,11 @@ format: venv
 	$(BIN)/ruff check --fix $(CODE)
 	$(BIN)/ruff format $(CODE)
 
+# The package strictly (pyproject.toml's [tool.mypy]); the tests leniently: no annotations needed,
+# but every function body is checked (mypy-tests.ini).
 type: venv
 	$(BIN)/mypy django_redislock
+	$(BIN)/mypy --config-file mypy-tests.ini tests
 
 matrix: venv system-deps
 	bash scripts/matrix.sh $(ARGS)

@@ -164,7 +164,9 @@ def start_holder(
 
 
 def wait_for(
-    predicate: Callable[[], Any],
+    # `...`, not `[]`: loops bind their variable as a lambda default (`lambda i=i: ...`), which
+    # mypy cannot match against a callable of no arguments ("Cannot infer type of lambda").
+    predicate: Callable[..., Any],
     timeout: float = 10.0,
     interval: float = 0.02,
     *,

@@ -80,9 +80,9 @@ def read_png(path: Path) -> Image:
     previous = bytearray(stride)
     for y in range(height):
         start = y * (stride + 1)
-        kind = raw[start]
+        filter_type = raw[start]
         line = bytearray(raw[start + 1 : start + 1 + stride])
-        _unfilter(kind, line, previous, channels)
+        _unfilter(filter_type, line, previous, channels)
         rows.append(bytes(line))
         previous = line
     return Image(width, height, channels, rows)

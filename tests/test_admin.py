@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from django.contrib.admin.models import DELETION, LogEntry
@@ -168,7 +169,8 @@ def test_staff_without_permission_cannot_post_the_action(staff, holders):
         client.post(list_url(), release_post("job", info["token"], confirmed=True)).status_code
         == 403
     )
-    assert get_lock_info("job").fencing_token == info["token"]
+    current = get_lock_info("job")
+    assert current is not None and current.fencing_token == info["token"]
     assert not LogEntry.objects.exists()
 
 
@@ -182,7 +184,8 @@ def test_view_permission_alone_shows_no_action_and_cannot_release(viewer, holder
     for confirmed in (False, True):
         response = client.post(list_url(), release_post("job", info["token"], confirmed=confirmed))
         assert response.status_code == 403
-    assert get_lock_info("job").fencing_token == info["token"]
+    current = get_lock_info("job")
+    assert current is not None and current.fencing_token == info["token"]
 
 
 def test_inactive_user_with_permissions_is_refused(django_user_model):
@@ -208,22 +211,25 @@ def test_post_without_csrf_token_is_rejected(operator, holders):
     client = logged_in(operator, enforce_csrf_checks=True)
     response = client.post(list_url(), release_post("job", info["token"], confirmed=True))
     assert response.status_code == 403
-    assert get_lock_info("job").fencing_token == info["token"]
+    current = get_lock_info("job")
+    assert current is not None and current.fencing_token == info["token"]
 
 
 def test_post_with_csrf_token_from_the_confirmation_page_works(operator, holders):
     info = hold(holders, "job")
     client = logged_in(operator, enforce_csrf_checks=True)
     page = client.get(list_url()).content.decode()
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+    match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert match is not None
+    token = match.group(1)
     confirm = client.post(
         list_url(),
         {**release_post("job", info["token"], confirmed=False), "csrfmiddlewaretoken": token},
     )
     assert confirm.status_code == 200
-    token = re.search(
-        r'name="csrfmiddlewaretoken" value="([^"]+)"', confirm.content.decode()
-    ).group(1)
+    match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', confirm.content.decode())
+    assert match is not None
+    token = match.group(1)
     done = client.post(
         list_url(),
         {**release_post("job", info["token"], confirmed=True), "csrfmiddlewaretoken": token},
@@ -306,7 +312,7 @@ def test_cursor_pagination_visits_every_lock_once(viewer, monkeypatch, take):
         take(name)
     client = logged_in(viewer)
     seen: list[str] = []
-    url = list_url()
+    url: str | None = list_url()
     pages = 0
     while url:
         html = client.get(url).content.decode()
@@ -374,6 +380,7 @@ def test_an_empty_list_says_so_once_without_counts(viewer):
 def test_owner_of_a_task_lock_is_the_worker_and_the_task(viewer, take):
     take("sync:1", task_id="task-run")
     info = get_lock_info("sync:1")
+    assert info is not None
     html = logged_in(viewer).get(list_url()).content.decode()
     row = cells(html, has="sync:1")
     assert row[1:3] == [f"{info.host} · {info.pid} · {info.thread}", "task-run"]
@@ -382,6 +389,7 @@ def test_owner_of_a_task_lock_is_the_worker_and_the_task(viewer, take):
 def test_owner_of_a_queued_task_is_who_published_it(viewer, take):
     take("sync:2", task_id="task-queued", queued=True)
     info = get_lock_info("sync:2")
+    assert info is not None
     client = logged_in(viewer)
     row = cells(client.get(list_url()).content.decode(), has="sync:2")
     assert row[1:3] == [f"queued — published by {info.host} · {info.pid}", "task-queued"]
@@ -523,7 +531,8 @@ def test_confirmation_page_shows_what_will_be_released_and_who_holds_it(operator
         cells(html, has='class="release-candidate"')[4],  # held for: whatever the clock says
     ]
     assert f'value="{info["token"]}:job"' in html and 'name="post" value="yes"' in html
-    assert get_lock_info("job").fencing_token == info["token"]  # nothing released yet
+    current = get_lock_info("job")
+    assert current is not None and current.fencing_token == info["token"]  # nothing released yet
     assert not LogEntry.objects.exists()
 
 
@@ -556,7 +565,8 @@ def test_changed_token_releases_nothing_and_says_so(operator, holders):
     assert f"you saw fencing token {stale}; it now has token {info['token']}" in confirm
     assert "Yes, release" not in confirm
     response = client.post(list_url(), release_post("job", stale, confirmed=True), follow=True)
-    assert get_lock_info("job").fencing_token == info["token"]
+    current = get_lock_info("job")
+    assert current is not None and current.fencing_token == info["token"]
     assert "changed hands or was released since you looked at it: job" in texts(
         response.content.decode()
     )
@@ -571,12 +581,14 @@ def test_lock_that_changed_hands_between_confirmation_and_post_is_left_alone(ope
     first.release()
     second = take("job")  # same name, new holder, new token
     client.post(list_url(), release_post("job", seen, confirmed=True))
-    assert second.owned() and get_lock_info("job").fencing_token == second.fencing_token
+    assert second.owned()
+    current = get_lock_info("job")
+    assert current is not None and current.fencing_token == second.fencing_token
 
 
 def test_force_release_wakes_a_waiter(operator, holders, redis_client):
     info = hold(holders, "job")
-    result: dict[str, object] = {}
+    result: dict[str, Any] = {}
 
     def wait() -> None:
         lock = Lock("job", auto_renew=False, timeout=5)
@@ -639,6 +651,7 @@ def test_detail_page_shows_every_lockinfo_field_and_statistics(operator, take):
     assert response.status_code == 200
     text = texts(response.content.decode())
     info = get_lock_info(lock.name)
+    assert info is not None
     for label, value in (
         ("Name", info.name),
         ("Owner id", info.owner),

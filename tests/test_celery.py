@@ -218,9 +218,10 @@ def test_template_and_callable_keys_use_the_bound_arguments():
 
 @pytest.fixture
 def restore_finalizers() -> Iterator[None]:
-    before = set(celery_state._on_app_finalizers)
+    # Private to Celery: not in celery-types' stubs.
+    before = set(celery_state._on_app_finalizers)  # type: ignore[attr-defined]
     yield
-    celery_state._on_app_finalizers.intersection_update(before)
+    celery_state._on_app_finalizers.intersection_update(before)  # type: ignore[attr-defined]
 
 
 def test_template_naming_an_unknown_parameter_fails_when_the_task_is_defined(restore_finalizers):
@@ -323,7 +324,8 @@ def test_concurrent_publishes_from_processes_send_exactly_one_message(empty_unco
     ]
     try:
         # Every process imported everything and waits on the barrier: release them at once.
-        assert [p.stdout.readline().strip() for p in procs] == ["ready"] * 4
+        # stdout=PIPE: never None, which typeshed's Popen cannot tell.
+        assert [p.stdout.readline().strip() for p in procs] == ["ready"] * 4  # type: ignore[union-attr]
         tasks.observer().rpush(go, *["go"] * 4)
         ids = [p.communicate(timeout=60)[0].strip() for p in procs]
     finally:
@@ -356,7 +358,9 @@ def test_a_failed_publish_releases_the_key_before_the_error_propagates(empty_unc
         tasks.unconsumed_race.apply_async((5,), serializer="no-such-serializer")
     assert get_lock_info("race:5") is None
     assert unconsumed_messages() == []
-    assert tasks.unconsumed_race.delay(5).id == get_lock_info("race:5").task_id
+    published = tasks.unconsumed_race.delay(5).id  # before the lock is read, as it was
+    current = get_lock_info("race:5")
+    assert current is not None and published == current.task_id
 
 
 def test_a_countdown_extends_the_queued_lease_by_the_delay(empty_unconsumed_queue):
@@ -366,14 +370,17 @@ def test_a_countdown_extends_the_queued_lease_by_the_delay(empty_unconsumed_queu
     tasks.unconsumed_race.apply_async(
         (7,), eta=dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=10)
     )
-    assert 38 < get_lock_info("race:7").expires_in <= 40
+    current = get_lock_info("race:7")
+    assert current is not None and 38 < current.expires_in <= 40
 
 
 def test_lock_queue_timeout_sets_the_queued_lease(empty_unconsumed_queue):
     tasks.unconsumed_backlog.delay(1)
-    assert 295 < get_lock_info("backlog:1").expires_in <= 300
+    current = get_lock_info("backlog:1")
+    assert current is not None and 295 < current.expires_in <= 300
     tasks.unconsumed_backlog.apply_async((2,), countdown=20)
-    assert 315 < get_lock_info("backlog:2").expires_in <= 320
+    current = get_lock_info("backlog:2")
+    assert current is not None and 315 < current.expires_in <= 320
 
 
 def test_a_running_task_holds_the_running_lease_not_the_queued_one(worker):
@@ -408,7 +415,8 @@ def test_a_duplicate_with_its_own_task_id_raises(empty_unconsumed_queue):
         tasks.unconsumed_race.apply_async((9,), task_id="my-own-id")
     # The same id again is the same task: its result, nothing new.
     assert tasks.unconsumed_race.apply_async((9,), task_id=first.id).id == first.id
-    assert get_lock_info("race:9").hold_count == 1
+    current = get_lock_info("race:9")
+    assert current is not None and current.hold_count == 1
     assert len(unconsumed_messages()) == 1
 
 
@@ -529,6 +537,7 @@ def test_a_redelivered_message_of_a_running_task_is_skipped(worker, captured):
     running = tasks.work.delay("rd", 1.5)
     wait_for(lambda: tasks.events("start"))
     info = get_lock_info("work:rd")
+    assert info is not None
     # The broker hands out the same message again (same id, same headers) while it runs.
     app.send_task(
         "tests.testapp.tasks.work",
@@ -538,7 +547,8 @@ def test_a_redelivered_message_of_a_running_task_is_skipped(worker, captured):
     )
     wait_for(lambda: captured["skipped"])
     assert captured["skipped"][0]["reason"] == "already-running"
-    assert get_lock_info("work:rd").hold_count == 2  # the running attempt's holds are intact
+    current = get_lock_info("work:rd")
+    assert current is not None and current.hold_count == 2  # the running attempt's holds are intact
     assert running.get(timeout=10) == "done rd"
     assert len(tasks.events("start")) == 1 and no_overlaps()
     wait_for(lambda: get_lock_info("work:rd") is None, 2)
@@ -565,7 +575,8 @@ def test_a_lock_lost_mid_run_is_known_to_the_task_and_logged(worker, caplog):
 @pytest.mark.slow
 def test_revoking_a_queued_task_releases_its_key_when_the_worker_discards_it(worker):
     result = tasks.slow_lease.apply_async(("rv",), countdown=1.5)  # queued lease: 21.5 s
-    assert get_lock_info("slow:rv").task_id == result.id
+    current = get_lock_info("slow:rv")
+    assert current is not None and current.task_id == result.id
     result.revoke()
     wait_for(lambda: get_lock_info("slow:rv") is None, 8)  # discarded at its eta
     assert result.state == "REVOKED"

@@ -114,9 +114,10 @@ def assert_released_after_the_run(mode: str, key: str, result: Any) -> None:
 # -- options --------------------------------------------------------------------------------------
 @pytest.fixture
 def restore_finalizers() -> Iterator[None]:
-    before = set(celery_state._on_app_finalizers)
+    # Private to Celery: not in celery-types' stubs.
+    before = set(celery_state._on_app_finalizers)  # type: ignore[attr-defined]
     yield
-    celery_state._on_app_finalizers.intersection_update(before)
+    celery_state._on_app_finalizers.intersection_update(before)  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
@@ -187,7 +188,8 @@ def test_what_a_publish_costs_and_holds_per_mode(mode, redis_client, empty_uncon
         assert broker().llen("unconsumed") == 2
     else:
         assert (cost, held_by(key)) == (1, first.id)  # one round trip, the key is the task's
-        assert get_lock_info(key).queued is True
+        current = get_lock_info(key)
+        assert current is not None and current.queued is True
         assert task.delay(1).id == first.id  # deduplicated
         assert broker().llen("unconsumed") == 1
 
@@ -276,6 +278,7 @@ def test_a_sigkilled_worker_never_blocks_a_key_longer_than_one_lock_timeout(mode
         published = time.monotonic()
         result = tasks.MODE_TASKS[mode].apply_async(("kill", 30), queue=victim.queue)
         wait_starts(key)
+        assert victim.proc is not None
         os.killpg(victim.proc.pid, signal.SIGKILL)  # main process and pool children at once
         killed = time.monotonic()
         victim.proc.wait(10)

@@ -82,7 +82,8 @@ def test_builtin_cache_with_django_redis_spelling_is_an_error(settings):
     )
     messages = check_settings()
     assert ids(messages) == ["django_redislock.E010"]
-    assert "socket_timeout" in messages[0].hint
+    hint = messages[0].hint
+    assert hint is not None and "socket_timeout" in hint
 
 
 def test_builtin_cache_with_redis_py_spelling_passes(settings):

@@ -9,6 +9,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from io import StringIO
+from typing import TypedDict
 
 import pytest
 from django.core.management import call_command
@@ -48,7 +49,11 @@ def start_manage(*args: str, **env: str) -> subprocess.Popen[str]:
     )
 
 
-def dead_redis() -> dict[str, str]:
+class DeadRedisEnv(TypedDict):
+    REDISLOCK_TEST_REDIS_URL: str
+
+
+def dead_redis() -> DeadRedisEnv:  # a TypedDict: `manage(**env)` cannot pass `timeout`
     """Environment for a child whose Redis is a closed loopback port."""
     return {"REDISLOCK_TEST_REDIS_URL": f"redis://127.0.0.1:{free_port()}"}
 
@@ -140,6 +145,7 @@ def test_list_shows_the_worker_and_task_or_who_queued_it():
     Lock("run", timeout=30, auto_renew=False, task_id="task-run").acquire()
     Lock("wait", timeout=30, auto_renew=False, task_id="task-wait", queued=True).acquire()
     run_info, wait_info = get_lock_info("run"), get_lock_info("wait")
+    assert run_info is not None and wait_info is not None
     lines = {line.split("\t")[0]: line for line in run("redislock", "list").splitlines()}
     assert lines["run"].endswith(
         f"owner={run_info.host}:{run_info.pid}:{run_info.thread} task=task-run"

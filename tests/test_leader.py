@@ -62,9 +62,12 @@ def test_a_release_hands_the_lease_to_a_waiting_standby_at_once(
     leader, standby = make(leases, timeout=30), make(leases, timeout=30)
     assert leader.acquire()
     took: list[float] = []
-    waiter = threading.Thread(
-        target=lambda: standby.acquire(wait=10) and took.append(time.monotonic())
-    )
+
+    def wait() -> None:
+        if standby.acquire(wait=10):
+            took.append(time.monotonic())
+
+    waiter = threading.Thread(target=wait)
     waiter.start()
     wait_for(lambda: not standby.is_leader and waiter.is_alive(), 2)
     time.sleep(0.2)  # the standby is queued in Redis

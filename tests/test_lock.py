@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -90,7 +91,7 @@ def test_negative_timeout_is_a_value_error():
 
 def test_non_numeric_timeout_is_a_type_error():
     with pytest.raises(TypeError):
-        Lock("x", timeout="10")
+        Lock("x", timeout="10")  # type: ignore[arg-type]
 
 
 def test_name_is_kept_as_given():
@@ -365,7 +366,7 @@ def test_release_all_holds():
 
 
 def test_tokens_strictly_increase_across_releases_expiries_and_force_releases():
-    tokens = []
+    tokens: list[Any] = []
     lock = Lock("fence", timeout=0.2, auto_renew=False)
     lock.acquire()
     tokens.append(lock.fencing_token)
@@ -494,6 +495,7 @@ def test_tokens_keep_increasing_when_the_counter_expires(redis_client):
     assert 0 < redis_client.pttl(keyspace().fence("seeded")) <= 86_400_000
     redis_client.delete(keyspace().fence("seeded"))  # as if a day had passed
     lock.acquire()
+    assert first is not None and lock.fencing_token is not None
     assert lock.fencing_token > first
     lock.release()
 
@@ -543,7 +545,8 @@ def test_a_corrupt_record_is_a_lock_error_not_a_decoding_error(redis_client, val
         lock.owned()
     assert lock.locked()
     assert lock.acquire(blocking=False) is False  # held by something unknown: busy
-    assert get_lock_info("corrupt").unreadable
+    current = get_lock_info("corrupt")
+    assert current is not None and current.unreadable
     assert [i.unreadable for i in list_locks(match="corrupt")] == [True]
     assert force_release("corrupt") is True
     assert lock.acquire(blocking=False) is True

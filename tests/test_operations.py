@@ -105,6 +105,7 @@ def test_force_release_with_a_stale_token_leaves_the_lock():
     lock = Lock("handover", timeout=10)
     lock.acquire()
     token = lock.fencing_token
+    assert token is not None
     assert force_release("handover", token=token + 1) is False
     assert lock.owned()
     assert force_release("handover", token=token) is True
@@ -227,6 +228,7 @@ def test_force_release_info_reports_the_holder_it_released():
 def test_force_release_info_with_a_stale_token_releases_nothing():
     lock = Lock("kept", timeout=10, auto_renew=False)
     lock.acquire()
+    assert lock.fencing_token is not None
     assert force_release_info("kept", token=lock.fencing_token + 1) == []
     assert lock.owned()
     [info] = force_release_info("kept", token=lock.fencing_token)
@@ -248,8 +250,10 @@ def test_force_release_info_reports_the_old_holder_not_the_waiter_it_handed_to(r
     [released] = force_release_info("handover")
     waiter.join(6)
     assert released.owner == "dead-worker"
-    assert get_lock_info("handover").owner == "next-worker"
-    assert got["token"] == get_lock_info("handover").fencing_token != released.fencing_token
+    current = get_lock_info("handover")
+    assert current is not None and current.owner == "next-worker"
+    current = get_lock_info("handover")
+    assert current is not None and got["token"] == current.fencing_token != released.fencing_token
 
 
 # -- unreadable values ---------------------------------------------------------------------------
@@ -285,7 +289,8 @@ def test_an_unreadable_value_can_be_force_released(redis_client, token):
 @pytest.mark.parametrize("value", [GARBAGE, b"[1, 2]", b"42", b'{"t": 7}'])
 def test_a_token_other_than_0_leaves_an_unreadable_value_alone(redis_client, value):
     redis_client.set(keyspace().lock("broken"), value)
-    assert get_lock_info("broken").fencing_token == 0
+    current = get_lock_info("broken")
+    assert current is not None and current.fencing_token == 0
     assert force_release_info("broken", token=7) == []
     assert redis_client.get(keyspace().lock("broken")) == value
     assert force_release("broken", token=0)
@@ -307,6 +312,7 @@ def test_describe_holder_names_the_worker_the_publisher_or_the_value():
     queued = Lock("q", timeout=10, auto_renew=False, task_id="task-2", queued=True)
     queued.acquire()
     w, q = get_lock_info("w"), get_lock_info("q")
+    assert w is not None and q is not None
     assert describe_holder(w) == (
         f"{w.host} pid {w.pid} thread {w.thread}, Celery task task-1, "
         f"fencing token {w.fencing_token}"
@@ -347,6 +353,7 @@ def test_a_non_string_value_under_a_lock_key_lists_as_unreadable_and_can_be_rele
     redis_client.hset(key, "field", "value")
     [info] = list(list_locks(match="hashed"))
     assert info.unreadable and "not a string" in info.raw_excerpt
-    assert get_lock_info("hashed").unreadable
+    current = get_lock_info("hashed")
+    assert current is not None and current.unreadable
     assert force_release("hashed", token=0) is True
     assert not redis_client.exists(key)

@@ -31,7 +31,7 @@ def registry() -> CollectorRegistry:
 
 def scrape(registry: CollectorRegistry) -> dict[str, object]:
     """``{sample line without value: value}`` of the text exposition, as Prometheus reads it."""
-    found = {}
+    found: dict[str, object] = {}
     for family in text_string_to_metric_families(generate_latest(registry).decode()):
         for sample in family.samples:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))

@@ -5,6 +5,8 @@ framework's integration calls them: publish (:func:`reserve`), run start (:func:
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from django_redislock import get_lock_info, stats
@@ -66,7 +68,8 @@ def test_a_second_publish_is_a_duplicate_naming_the_holder(mode):
     assert isinstance(reserve(r, "k", "a"), Ticket)
     assert reserve(r, "k", "b") == Duplicate("k", "a")
     assert reserve(r, "k", "a") == Duplicate("k", "a", same=True)  # the same id twice
-    assert get_lock_info("k").hold_count == 1
+    current = get_lock_info("k")
+    assert current is not None and current.hold_count == 1
 
 
 @pytest.mark.parametrize(
@@ -80,7 +83,7 @@ def test_a_second_publish_is_a_duplicate_naming_the_holder(mode):
 )
 def test_a_delivery_without_a_hold_is_busy_while_another_flight_holds_the_key(mode, reason):
     r = rules(mode)
-    first = begin(r, "k", "a", reserve(r, "k", "a"))
+    first = begin(r, "k", "a", cast(Ticket, reserve(r, "k", "a")))
     if mode == COALESCE:
         # Running: the follow-up slot is free, so a delivery without a hold queues as the
         # follow-up; the one after it is the duplicate of that follow-up.
@@ -93,19 +96,20 @@ def test_a_delivery_without_a_hold_is_busy_while_another_flight_holds_the_key(mo
 
 def test_a_second_delivery_of_the_same_message_is_already_running():
     r = rules(UNTIL_EXECUTED)
-    ticket = reserve(r, "k", "a")
+    ticket = cast(Ticket, reserve(r, "k", "a"))
     flight = begin(r, "k", "a", ticket)
     with pytest.raises(Busy) as caught:
         begin(r, "k", "a", ticket)
     assert caught.value.reason == "already-running"
-    assert get_lock_info("k").hold_count == 2  # the running attempt's holds are intact
+    current = get_lock_info("k")
+    assert current is not None and current.hold_count == 2  # the running attempt's holds are intact
     end(flight)
     assert holder("k") is None
 
 
 def test_skips_and_deduplications_are_not_failed_acquisitions():
     r = rules(UNTIL_EXECUTED, stats_name="counted-flight")
-    flight = begin(r, "k", "a", reserve(r, "k", "a"))
+    flight = begin(r, "k", "a", cast(Ticket, reserve(r, "k", "a")))
     assert isinstance(reserve(r, "k", "b"), Duplicate)
     with pytest.raises(Busy):
         begin(r, "k", "c", Ticket("k"))
@@ -117,11 +121,12 @@ def test_skips_and_deduplications_are_not_failed_acquisitions():
 
 def test_until_executed_hands_its_holds_to_the_next_attempt():
     r = rules(UNTIL_EXECUTED)
-    flight = begin(r, "k", "a", reserve(r, "k", "a"))
+    flight = begin(r, "k", "a", cast(Ticket, reserve(r, "k", "a")))
     ticket = hand_over(flight)
     assert (ticket.holds, ticket.attempt) == (3, 1) and flight.handed_over  # publish, run, next
     end(flight)  # the end of a handed-over attempt releases nothing
-    assert get_lock_info("k").queued is True
+    current = get_lock_info("k")
+    assert current is not None and current.queued is True
     nxt = begin(r, "k", "a", ticket, attempt=ticket.attempt)
     end(nxt)
     assert holder("k") is None
@@ -130,7 +135,7 @@ def test_until_executed_hands_its_holds_to_the_next_attempt():
 @pytest.mark.parametrize("mode", [UNTIL_EXECUTING, COALESCE])
 def test_modes_free_between_runs_take_the_key_for_the_next_attempt_if_free(mode):
     r = rules(mode)
-    flight = begin(r, "k", "a", reserve(r, "k", "a"))
+    flight = begin(r, "k", "a", cast(Ticket, reserve(r, "k", "a")))
     ticket = hand_over(flight)
     assert (ticket.holds, holder("k")) == (1, "a")
     end(flight)
@@ -174,7 +179,7 @@ def test_abandon_keeps_the_until_expired_window_and_frees_the_others():
     for mode in MODES:
         r = rules(mode)
         name = f"k-{mode}"
-        flight = begin(r, name, "a", reserve(r, name, "a"))
+        flight = begin(r, name, "a", cast(Ticket, reserve(r, name, "a")))
         released = abandon(r, name, "a")
         assert released is (mode not in (UNTIL_EXPIRED, UNTIL_EXECUTING)), mode
         assert holder(name) == ("a" if mode == UNTIL_EXPIRED else None)

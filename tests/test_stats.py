@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 from django.test import override_settings
@@ -47,7 +48,7 @@ def test_acquire_and_release_are_counted_with_hold_time():
     s = figures("plain")
     assert (s.acquired, s.released, s.contended, s.failed, s.lost) == (3, 3, 0, 0, 0)
     assert s.success_rate == 1.0
-    assert 0.05 <= s.mean_hold < 1.0
+    assert s.mean_hold is not None and 0.05 <= s.mean_hold < 1.0
     assert s.hold_max >= s.mean_hold
     assert s.wait_total < 0.5
     assert s.updated_at is not None
@@ -246,7 +247,8 @@ def test_prometheus_collector_exports_the_same_figures():
     assert (
         registry.get_sample_value("redislock_failed_acquisitions_total", {"name": "exported"}) == 0
     )
-    assert 0.05 <= registry.get_sample_value("redislock_hold_seconds_max", {"name": "exported"}) < 5
+    hold_max = registry.get_sample_value("redislock_hold_seconds_max", {"name": "exported"})
+    assert hold_max is not None and 0.05 <= hold_max < 5
     text = generate_latest(registry).decode()
     assert 'redislock_acquisitions_total{name="exported"} 2.0' in text
 
@@ -340,7 +342,8 @@ def test_acquisitions_and_failures_per_minute_for_the_last_hour(redis_client):
     busy = [m for m in s.per_minute if m.acquired or m.failed]
     assert [(m.acquired, m.failed) for m in busy] == [(3, 1)]
     assert abs(busy[0].start.timestamp() // 60 - minute) <= 1
-    assert stats.get_stats("series").per_minute == ()  # read only when asked for
+    unread = stats.get_stats("series")
+    assert unread is not None and unread.per_minute == ()  # read only when asked for
     key = keyspace().stats_minutes("series", minute // 60)
     assert 0 < redis_client.ttl(key) <= stats.SERIES_TTL  # bounded: each hour's hash expires
 
@@ -424,7 +427,7 @@ def test_single_flight_skips_and_deduplications_are_counted_apart():
     )
 
     rules = FlightRules.validated("tests.flight", mode=UNTIL_EXECUTED, stats_name="flight")
-    flight = begin(rules, "k", "a", reserve(rules, "k", "a"))
+    flight = begin(rules, "k", "a", cast(Ticket, reserve(rules, "k", "a")))
     with pytest.raises(Busy):
         begin(rules, "k", "c", Ticket("k"))
     count_outcome(rules, "k", "skipped")  # what the integrations do with Busy ...

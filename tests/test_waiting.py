@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -52,7 +53,7 @@ class Waiter(threading.Thread):
             self.error = exc
 
 
-def start_waiter(name: str, *, using: str | None = None, **acquire: object) -> Waiter:
+def start_waiter(name: str, *, using: str | None = None, **acquire: Any) -> Waiter:
     waiter = Waiter(name, **acquire)
     waiter.options = {"using": using} if using else {}
     waiter.start()

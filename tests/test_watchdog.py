@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import cast
 
 from django_redislock import Lock, holds
+from django_redislock.holds import Hold
 from django_redislock.watchdog import watchdog
 
 
@@ -59,7 +61,8 @@ def test_a_batch_larger_than_one_script_call_renews_each_lock_and_reports_each_l
         redis_client.delete(gone._spec().lock_key)
         for lock in locks:
             redis_client.pexpire(lock._spec().lock_key, 5000)
-        watchdog.renew_now([holds.get((*lock._spec().ident, lock.owner)) for lock in locks])
+        due = [holds.get((*lock._spec().ident, lock.owner)) for lock in locks]
+        watchdog.renew_now(cast("list[Hold]", due))  # every lock is held: no None
         assert gone.lost
         assert [lock for lock in locks if lock.lost] == [gone]
         ttls = [redis_client.pttl(lock._spec().lock_key) for lock in locks if lock is not gone]

@@ -25,3 +25,7 @@ CACHES = {
         "LOCATION": "redis://127.0.0.1:6379/0",
     }
 }
+# Settings the tests read (`settings.X`) that the suite's own settings define: tests/settings.py
+# and tests/beatapp/settings.py. Their types are what the plugin learns here.
+CELERY_BROKER_URL = "redis://127.0.0.1:6379/1"
+RECORD_URL = "redis://127.0.0.1:6379/0"

@@ -11,11 +11,12 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 import redis
 
-from django_redislock import Lock, get_lock_info
+from django_redislock import Lock, LockInfo, get_lock_info
 from django_redislock.celery import SKIPPED
 from tests.celery_workers import WorkerProcess
 from tests.conftest import wait_for
@@ -111,12 +112,13 @@ def test_a_sigkilled_worker_frees_the_key_within_one_lock_timeout():
         # then longer than what would be left of the lease set when the body started).
         wait_for(
             lambda: (
-                get_lock_info("work:all").expires_in
+                cast(LockInfo, get_lock_info("work:all")).expires_in
                 > LOCK_TIMEOUT - (time.time() - start["at"]) + 0.2
             ),
             LOCK_TIMEOUT,
             what="the first renewal",
         )
+        assert victim.proc is not None
         os.killpg(victim.proc.pid, signal.SIGKILL)  # main process and pool children at once
         killed = time.monotonic()
         victim.proc.wait(10)
@@ -133,6 +135,7 @@ def test_a_warm_shutdown_finishes_the_running_task_and_releases_its_key():
     try:
         result = tasks.work.apply_async(("warm", 1.5), queue="crash-term")
         started("work:warm")
+        assert leaving.proc is not None
         leaving.proc.send_signal(signal.SIGTERM)
         assert leaving.proc.wait(30) == 0, leaving.output()
         assert result.get(timeout=5) == "done warm"

@@ -123,7 +123,8 @@ def test_semaphores_statistics_and_async_on_a_cluster(on_cluster):
         with Lock("cluster-stats", timeout=5):
             pass
     stats.flush()
-    assert stats.get_stats("cluster-stats").acquired == 3
+    figures = stats.get_stats("cluster-stats")
+    assert figures is not None and figures.acquired == 3
 
     async def main() -> None:
         async with AsyncLock("cluster-aio", timeout=5) as lock:

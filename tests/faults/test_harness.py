@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # imported by pytest as a plugin; importing it here would def
 pytestmark = pytest.mark.slow
 
 
-def no_retry(**kwargs: object) -> dict[str, object]:
+def no_retry(**kwargs: Any) -> dict[str, Any]:
     """Client options that surface every timeout and disconnect (redis-py >= 6 retries 3x)."""
     return {"retry": Retry(NoBackoff(), 0), **kwargs}
 

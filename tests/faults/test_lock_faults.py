@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from typing import Any
 
 import pytest
 from django.test import override_settings
@@ -61,7 +62,7 @@ def test_holder_in_another_process_keeps_its_lock_for_three_leases():
 
 
 def test_tokens_increase_across_processes():
-    tokens = []
+    tokens: list[Any] = []  # the children's (JSON) and ours
     for _ in range(3):
         proc, held = start_holder("multi", "--timeout", "5", "--hold", "0")
         tokens.append(held["token"])
@@ -160,7 +161,7 @@ def on(settings):
 def test_tokens_stay_monotonic_across_a_restart_with_aof(aof_redis, on):
     on(aof_redis)
     lock = Lock("durable", timeout=5, auto_renew=False)
-    tokens = []
+    tokens: list[Any] = []
     for _ in range(3):
         lock.acquire()
         tokens.append(lock.fencing_token)

@@ -38,7 +38,7 @@ def test_a_lock_is_taken_and_released_on_every_master(masters):
     lock = Lock("quorum", timeout=5)
     assert lock.acquire()
     assert held_on(masters, "quorum") == 3
-    assert lock.fencing_token > 0
+    assert lock.fencing_token is not None and lock.fencing_token > 0
     assert not _other_thread_acquires("quorum")
     lock.release()
     assert held_on(masters, "quorum") == 0
