@@ -111,11 +111,7 @@ async def _uncontended(runs: int, rounds: int, per_round: int, count_cycles: int
     order = list(cycles)
     per_run: list[dict[str, dict[str, float]]] = []
     for run_index in range(runs):
-        samples: dict[str, list[float]] = {p: [] for p in order}
-        medians: dict[str, list[float]] = {p: [] for p in order}
-        server: dict[str, dict[str, tuple[int, int]]] = {p: {} for p in order}
-        server_cpu = dict.fromkeys(order, 0.0)
-        client_cpu = dict.fromkeys(order, 0.0)
+        blocks = {p: c.Blocks.new() for p in order}
         for r in range(rounds):
             shift = (run_index * rounds + r) % len(order)
             for peer in order[shift:] + order[:shift]:
@@ -129,25 +125,21 @@ async def _uncontended(runs: int, rounds: int, per_round: int, count_cycles: int
                         t0 = clock()
                         await cycle()
                         out.append(clock() - t0)
-                    client_cpu[peer] += time.process_time() - cpu
-                server_cpu[peer] += srv["cpu_s"]
-                c.add_deltas(server[peer], srv["commands"])
-                samples[peer] += out
-                medians[peer].append(statistics.median(out))
+                    cpu = time.process_time() - cpu
+                blocks[peer].add(out, srv, cpu)
         n = rounds * per_round
         metrics: dict[str, dict[str, float]] = {}
         for peer in order:
-            rt = c.redis_time(server[peer], sent[peer], n)
+            b = blocks[peer]
+            rt = c.redis_time(b.server, sent[peer], n)
             metrics[peer] = {
-                "median_us": statistics.median(samples[peer]) * 1e6,
-                "p99_us": c.percentile(samples[peer], 0.99) * 1e6,
-                "x_redis_py": statistics.median(
-                    a / b for a, b in zip(medians[peer], medians[RP_ASYNC], strict=True)
-                ),
+                "median_us": statistics.median(b.samples) * 1e6,
+                "p99_us": c.percentile(b.samples, 0.99) * 1e6,
+                "x_redis_py": b.ratio(blocks[RP_ASYNC]),
                 "redis_time_us": rt["total_us"],
                 "server_commands": rt["all_calls"],
-                "redis_cpu_us": server_cpu[peer] / n * 1e6,
-                "client_cpu_us": client_cpu[peer] / n * 1e6,
+                "redis_cpu_us": b.server_cpu_s / n * 1e6,
+                "client_cpu_us": b.client_cpu_s / n * 1e6,
             }
         per_run.append(metrics)
     await aconn.aclose()

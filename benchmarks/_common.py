@@ -236,6 +236,54 @@ def add_deltas(
     return total
 
 
+@dataclass
+class Blocks:
+    """One peer's timed blocks in a run: latencies, per-block medians, server and client cost.
+
+    Every latency section interleaves peers block by block; this is the bookkeeping they share.
+    """
+
+    samples: list[float]
+    medians: list[float]
+    server: dict[str, tuple[int, int]]
+    server_cpu_s: float = 0.0
+    client_cpu_s: float = 0.0
+
+    @classmethod
+    def new(cls) -> Blocks:
+        return cls([], [], {})
+
+    def add(self, out: list[float], srv: dict[str, Any], cpu_s: float) -> None:
+        """Record one block: its latencies, what the server measured and the client's CPU."""
+        self.samples += out
+        self.medians.append(statistics.median(out))
+        self.server_cpu_s += srv["cpu_s"]
+        self.client_cpu_s += cpu_s
+        add_deltas(self.server, srv["commands"])
+
+    def ratio(self, reference: Blocks) -> float:
+        """Median over blocks of (this block median / the reference's, measured beside it)."""
+        return statistics.median(
+            a / b for a, b in zip(self.medians, reference.medians, strict=True)
+        )
+
+
+def timed_block(
+    probe: ServerProbe, cycle: Callable[[], Any], count: int
+) -> tuple[list[float], dict[str, Any], float]:
+    """Run ``cycle`` ``count`` times under the server probe: (latencies, server figures, CPU s)."""
+    clock = time.perf_counter
+    out: list[float] = []
+    with probe.measure() as srv:
+        cpu = time.process_time()
+        for _ in range(count):
+            t0 = clock()
+            cycle()
+            out.append(clock() - t0)
+        cpu = time.process_time() - cpu
+    return out, srv, cpu
+
+
 def redis_time(
     server: dict[str, tuple[int, int]], client_sent: dict[str, float], units: float
 ) -> dict[str, float]:

@@ -226,44 +226,29 @@ def uncontended(
         trips[peer] = c.COUNTER.round_trips / count_cycles
         sent[peer] = {k: v / count_cycles for k, v in c.COUNTER.commands.items()}
 
-    clock = time.perf_counter
     per_run: list[dict[str, dict[str, float]]] = []
     for run_index in range(runs):
-        samples: dict[str, list[float]] = {p: [] for p in order}
-        medians: dict[str, list[float]] = {p: [] for p in order}
-        server: dict[str, dict[str, tuple[int, int]]] = {p: {} for p in order}
-        server_cpu = dict.fromkeys(order, 0.0)
-        client_cpu = dict.fromkeys(order, 0.0)
+        blocks = {p: c.Blocks.new() for p in order}
         for r in range(rounds):
             shift = (run_index * rounds + r) % len(order)
             for peer in order[shift:] + order[:shift]:
                 cycle = cycles[peer]
                 for _ in range(WARMUP):
                     cycle()
-                out: list[float] = []
-                with probe.measure() as srv:
-                    cpu = time.process_time()
-                    for _ in range(per_round):
-                        t0 = clock()
-                        cycle()
-                        out.append(clock() - t0)
-                    client_cpu[peer] += time.process_time() - cpu
-                server_cpu[peer] += srv["cpu_s"]
-                c.add_deltas(server[peer], srv["commands"])
-                samples[peer] += out
-                medians[peer].append(statistics.median(out))
+                blocks[peer].add(*c.timed_block(probe, cycle, per_round))
         n = rounds * per_round
         metrics: dict[str, dict[str, float]] = {}
         for peer in order:
-            rt = c.redis_time(server[peer], sent[peer], n)
+            b = blocks[peer]
+            rt = c.redis_time(b.server, sent[peer], n)
             metrics[peer] = {
-                "median_us": statistics.median(samples[peer]) * 1e6,
-                "p99_us": c.percentile(samples[peer], 0.99) * 1e6,
-                "x_lock": _ratio(medians[peer], medians[LOCK_OURS]),
-                "x_sem": _ratio(medians[peer], medians[SEM_OURS]),
+                "median_us": statistics.median(b.samples) * 1e6,
+                "p99_us": c.percentile(b.samples, 0.99) * 1e6,
+                "x_lock": b.ratio(blocks[LOCK_OURS]),
+                "x_sem": b.ratio(blocks[SEM_OURS]),
                 "server_commands": rt["all_calls"],
-                "redis_cpu_us": server_cpu[peer] / n * 1e6,
-                "client_cpu_us": client_cpu[peer] / n * 1e6,
+                "redis_cpu_us": b.server_cpu_s / n * 1e6,
+                "client_cpu_us": b.client_cpu_s / n * 1e6,
             }
         per_run.append(metrics)
     return {
@@ -275,10 +260,6 @@ def uncontended(
         "rounds": rounds,
         "per_round": per_round,
     }
-
-
-def _ratio(values: list[float], base: list[float]) -> float:
-    return statistics.median(v / b for v, b in zip(values, base, strict=True))
 
 
 # -- 8b: contended (worker processes x threads) ---------------------------------------------------

@@ -831,51 +831,34 @@ def replicas_cycles(runs: int, rounds: int, per_round: int, count_cycles: int) -
                     cycle()
         trips[peer] = c.COUNTER.round_trips / count_cycles
 
-    clock = time.perf_counter
     per_run: list[dict[str, dict[str, float]]] = []
     for run_index in range(runs):
-        samples: dict[str, list[float]] = {p: [] for p in order}
-        medians: dict[str, list[float]] = {p: [] for p in order}
-        commands = dict.fromkeys(order, 0)
-        server_cpu = dict.fromkeys(order, 0.0)
-        client_cpu = dict.fromkeys(order, 0.0)
+        blocks = {p: c.Blocks.new() for p in order}
         for r in range(rounds):
             shift = (run_index * rounds + r) % len(order)
             for peer in order[shift:] + order[:shift]:
                 cycle, context = cycles[peer]
-                out: list[float] = []
                 with context():
                     for _ in range(WARMUP):
                         cycle()
-                    with probe.measure() as srv:
-                        cpu = time.process_time()
-                        for _ in range(per_round):
-                            t0 = clock()
-                            cycle()
-                            out.append(clock() - t0)
-                        client_cpu[peer] += time.process_time() - cpu
-                server_cpu[peer] += srv["cpu_s"]
-                commands[peer] += sum(
-                    calls
-                    for name, (calls, _usec) in srv["commands"].items()
-                    if name.split("|")[0] not in c.SETUP_COMMANDS
-                )
-                samples[peer] += out
-                medians[peer].append(statistics.median(out))
+                    blocks[peer].add(*c.timed_block(probe, cycle, per_round))
         n = rounds * per_round
         per_run.append(
             {
                 peer: {
-                    "median_us": statistics.median(samples[peer]) * 1e6,
-                    "p99_us": c.percentile(samples[peer], 0.99) * 1e6,
-                    "x_off": statistics.median(
-                        m / b for m, b in zip(medians[peer], medians[REPLICAS_OFF], strict=True)
-                    ),
-                    "server_commands": commands[peer] / n,
-                    "redis_cpu_us": server_cpu[peer] / n * 1e6,
-                    "client_cpu_us": client_cpu[peer] / n * 1e6,
+                    "median_us": statistics.median(b.samples) * 1e6,
+                    "p99_us": c.percentile(b.samples, 0.99) * 1e6,
+                    "x_off": b.ratio(blocks[REPLICAS_OFF]),
+                    "server_commands": sum(
+                        calls
+                        for name, (calls, _usec) in b.server.items()
+                        if name.split("|")[0] not in c.SETUP_COMMANDS
+                    )
+                    / n,
+                    "redis_cpu_us": b.server_cpu_s / n * 1e6,
+                    "client_cpu_us": b.client_cpu_s / n * 1e6,
                 }
-                for peer in order
+                for peer, b in blocks.items()
             }
         )
     return {

@@ -121,54 +121,34 @@ def run(runs: int, rounds: int, per_round: int, count_cycles: int) -> dict[str, 
         trips[peer] = c.COUNTER.round_trips / count_cycles
         sent[peer] = {k: v / count_cycles for k, v in c.COUNTER.commands.items()}
 
-    clock = time.perf_counter
     per_run: list[dict[str, dict[str, float]]] = []
     for run_index in range(runs):
-        samples: dict[str, list[float]] = {p: [] for p in order}
-        round_medians: dict[str, list[float]] = {p: [] for p in order}
-        server: dict[str, dict[str, tuple[int, int]]] = {p: {} for p in order}
-        server_cpu = dict.fromkeys(order, 0.0)
-        client_cpu = dict.fromkeys(order, 0.0)
+        blocks = {p: c.Blocks.new() for p in order}
         for r in range(rounds):
             shift = (run_index * rounds + r) % len(order)
             for peer in order[shift:] + order[:shift]:  # rotate: no peer always goes first
                 cycle, context = cycles[peer]
-                out: list[float] = []
                 with context():
                     for _ in range(WARMUP):
                         cycle()
-                    with probe.measure() as srv:
-                        cpu = time.process_time()
-                        for _ in range(per_round):
-                            t0 = clock()
-                            cycle()
-                            out.append(clock() - t0)
-                        client_cpu[peer] += time.process_time() - cpu
-                server_cpu[peer] += srv["cpu_s"]
-                c.add_deltas(server[peer], srv["commands"])
-                samples[peer] += out
-                round_medians[peer].append(statistics.median(out))
+                    blocks[peer].add(*c.timed_block(probe, cycle, per_round))
         n = rounds * per_round
         metrics: dict[str, dict[str, float]] = {}
         for peer in order:
-            rt = c.redis_time(server[peer], sent[peer], n)
+            b = blocks[peer]
+            rt = c.redis_time(b.server, sent[peer], n)
             metrics[peer] = {
-                "median_us": statistics.median(samples[peer]) * 1e6,
-                "p99_us": c.percentile(samples[peer], 0.99) * 1e6,
-                "x_redis_py": statistics.median(
-                    m / b
-                    for m, b in zip(round_medians[peer], round_medians[c.REDIS_PY], strict=True)
-                ),
-                "x_2ping": statistics.median(
-                    m / b for m, b in zip(round_medians[peer], round_medians[c.PING2], strict=True)
-                ),
-                "redis_cpu_us": server_cpu[peer] / n * 1e6,
+                "median_us": statistics.median(b.samples) * 1e6,
+                "p99_us": c.percentile(b.samples, 0.99) * 1e6,
+                "x_redis_py": b.ratio(blocks[c.REDIS_PY]),
+                "x_2ping": b.ratio(blocks[c.PING2]),
+                "redis_cpu_us": b.server_cpu_s / n * 1e6,
                 "redis_time_us": rt["total_us"],
                 "redis_in_scripts_us": rt["in_scripts_us"],
                 "server_commands": rt["all_calls"],
-                "client_cpu_us": client_cpu[peer] / n * 1e6,
+                "client_cpu_us": b.client_cpu_s / n * 1e6,
             }
-        on, off = round_medians[c.OURS], round_medians[c.OURS_NO_STATS]
+        on, off = blocks[c.OURS].medians, blocks[c.OURS_NO_STATS].medians
         metrics["stats_overhead"] = {
             "pct": statistics.median((a - b) / a * 100 for a, b in zip(on, off, strict=True)),
             "us": statistics.median((a - b) * 1e6 for a, b in zip(on, off, strict=True)),

@@ -15,6 +15,7 @@ function`` each time a script runs, so the whole library would cost every call i
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import re
 import time
@@ -65,6 +66,7 @@ def _one_line(source: str) -> str:
 _DEFINITION = re.compile(r"^local (?:function )?([A-Za-z_]\w*)")
 
 
+@functools.cache
 def _definitions(source: str) -> list[tuple[str, str]]:
     """The library's top-level definitions in order: (name, code on one line).
 
