@@ -1,7 +1,8 @@
 # The one task runner of django-redislock: developers, the README and CI (`.ci/run` = `make ci`)
 # all come through these targets; scripts/*.sh are their helpers, tox only runs the matrix.
 #
-#   make test [ARGS=...]    the suite but topology and bench, as CI runs it (creates .venv on first use)
+#   make test [ARGS=...]    the suite but faults, topology and bench, as CI runs it (creates .venv on first use)
+#   make test-faults        crash/restart/partition tests on a single Redis (tests/faults/)
 #   make test-fast          everything but the tests marked `slow` (seconds)
 #   make test-slow          only the `slow` tests (processes, workers, browsers, faults, venvs)
 #   make test-topology      Redis Cluster, Sentinel and independent masters (real processes)
@@ -37,7 +38,7 @@ MATRIX_TESTS := tests/test_waiting.py tests/test_aio.py tests/test_semaphore.py 
 	tests/test_checks.py tests/faults/test_lock_faults.py tests/test_celery.py
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo-venv system-deps test test-fast test-slow test-topology test-bench test-flavours \
+.PHONY: help venv demo-venv system-deps test test-fast test-slow test-faults test-topology test-bench test-flavours \
 	lint format type matrix bench \
 	demo clean-demo hooks ci ci-beyond
 
@@ -55,7 +56,10 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 test: venv system-deps
-	$(PY) -m pytest -m "not topology and not bench" $(ARGS)
+	$(PY) -m pytest -m "not topology and not bench and not faults" $(ARGS)
+
+test-faults: venv system-deps
+	$(PY) -m pytest -m faults $(ARGS)
 
 test-bench: venv system-deps
 	$(PY) -m pytest -m bench $(ARGS)
@@ -120,6 +124,7 @@ ci:
 
 # The CI steps after the README's test command (`.ci/run` calls lint, type and `make test` itself).
 ci-beyond:
+	$(MAKE) test-faults ARGS="-q --durations=10"
 	$(MAKE) test-topology ARGS="-q --durations=10"
 	$(MAKE) test-bench ARGS="-q"
 	$(MAKE) test-flavours ARGS="-q"

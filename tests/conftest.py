@@ -69,6 +69,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
         if item.path.name in TOPOLOGY_FILES:
             item.add_marker(pytest.mark.topology)
+        elif faults in item.path.parents:
+            item.add_marker(pytest.mark.faults)  # `make test-faults`, a CI step of its own
 
 
 @pytest.fixture
