@@ -147,7 +147,7 @@ def metadata(task_id: str | None = None, *, queued: bool = False) -> str:
 # -- the hold table ------------------------------------------------------------------------------
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Hold:
     """What this process knows about one lock it holds (shared by its owner's lock objects).
 

@@ -329,7 +329,8 @@ def record(
                     slot[1] += 1
             else:
                 setattr(tally, event, getattr(tally, event) + 1)
-    _ensure_flusher()
+    if _flusher is None:
+        _ensure_flusher()
 
 
 def connect_receivers() -> None:

@@ -42,11 +42,14 @@ IDLE_EXIT = 30.0
 class Waiter:
     """One blocked acquisition: woken by a hand-off, a re-check hint, or its own timer.
 
-    Sync waiters sleep on a ``threading.Event``; async waiters on an ``asyncio.Event`` of their
-    loop, set from the listener thread through ``call_soon_threadsafe``.
+    Sync waiters sleep on a *gate*, a ``threading.Lock`` held closed that a wake-up releases (a
+    binary semaphore: cheaper on both sides than a ``threading.Event``, whose ``wait`` builds
+    a ``Condition`` waiter each time); async waiters on a future of their loop, resolved from
+    the listener thread through ``call_soon_threadsafe`` or by a loop timer at the deadline
+    (no ``asyncio.wait_for``, which wraps every wait in a task of its own).
     """
 
-    __slots__ = ("_aevent", "_event", "_loop", "handed", "id", "recheck_at", "token")
+    __slots__ = ("_future", "_gate", "_loop", "handed", "id", "recheck_at", "token")
 
     def __init__(self, waiter_id: str, *, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.id = waiter_id
@@ -56,18 +59,21 @@ class Waiter:
         self.recheck_at = float("inf")
         self._loop = loop
         # Created when the waiter first sleeps: most acquisitions never wait. notify() sets the
-        # fields before it looks for an event, and wait() creates the event before it looks at
+        # fields before it looks for a gate or event, and wait() creates it before it looks at
         # the fields, so a message arriving in between is never missed.
-        self._event: threading.Event | None = None
-        self._aevent: asyncio.Event | None = None
+        self._gate: threading.Lock | None = None
+        self._future: asyncio.Future[None] | None = None
 
     def _set(self) -> None:
-        if self._event is not None:
-            self._event.set()
-        elif self._loop is not None and self._aevent is not None:
+        gate = self._gate
+        if gate is not None:
+            # Open it; already open (a second message before the waiter woke) is fine.
+            with contextlib.suppress(RuntimeError):
+                gate.release()
+        elif self._loop is not None and self._future is not None:
             # A closed loop raises RuntimeError: nobody waits there any more.
             with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._aevent.set)
+                self._loop.call_soon_threadsafe(_resolve, self._future)
 
     def notify(
         self, *, handed: bool = False, token: int | None = None, recheck_in: float | None = None
@@ -88,27 +94,35 @@ class Waiter:
 
     def wait(self, until: float) -> None:
         """Sleep until handed the lock, or ``min(until, recheck_at)`` (monotonic seconds)."""
-        if self._event is None:
-            self._event = threading.Event()
+        gate = self._gate
+        if gate is None:
+            gate = threading.Lock()
+            gate.acquire()
+            self._gate = gate
         while not self.handed:
             timeout = self._timeout(until)
-            if timeout <= 0 or not self._event.wait(timeout):
+            if timeout <= 0 or not gate.acquire(timeout=min(timeout, threading.TIMEOUT_MAX)):
                 return
-            self._event.clear()
 
     async def await_(self, until: float) -> None:
-        """:meth:`wait` for an asyncio task."""
-        if self._aevent is None:
-            self._aevent = asyncio.Event()
-        while not self.handed:
+        """:meth:`wait` for an asyncio task (of the loop given at creation)."""
+        loop = self._loop or asyncio.get_running_loop()
+        while True:
+            # Publish the future first, then look at the fields (see __init__).
+            future = self._future = loop.create_future()
             timeout = self._timeout(until)
-            if timeout <= 0:
+            if self.handed or timeout <= 0:
                 return
+            timer = loop.call_later(timeout, _resolve, future)
             try:
-                await asyncio.wait_for(self._aevent.wait(), timeout)
-            except asyncio.TimeoutError:
-                return
-            self._aevent.clear()
+                await future
+            finally:
+                timer.cancel()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 _waiters: dict[str, Waiter] = {}

@@ -43,24 +43,33 @@ class Watchdog:
         self._idle_wait = 10.0  # shortest renewal interval seen, see _due()
 
     def register(self, hold: Hold) -> None:
+        """Start renewing ``hold`` (a third of its lease from now, then every third).
+
+        On every acquisition, so it takes no lock unless it must: the set update is atomic, and
+        the thread is only notified when this hold falls due before its planned wake-up
+        (``_due`` marks a scan in progress with an infinite wake-up, so a hold added during a
+        scan the thread may have missed always notifies).
+        """
         interval = hold.lease / 3
         hold.next_renewal = time.monotonic() + interval
-        with self._cond:
-            self._idle_wait = max(0.5, min(self._idle_wait, interval))
-            hold.registered = True
-            self._holds.add(hold)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="django-redislock-watchdog", daemon=True
-                )
-                self._thread.start()
-            elif hold.next_renewal < self._wake_at:
+        hold.registered = True
+        if interval < self._idle_wait:
+            self._idle_wait = max(0.5, interval)
+        self._holds.add(hold)
+        if self._thread is None:
+            with self._cond:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(
+                        target=self._run, name="django-redislock-watchdog", daemon=True
+                    )
+                    self._thread.start()
+        elif hold.next_renewal < self._wake_at:
+            with self._cond:
                 self._cond.notify()
 
     def unregister(self, hold: Hold) -> None:
-        with self._cond:
-            hold.registered = False
-            self._holds.discard(hold)
+        hold.registered = False
+        self._holds.discard(hold)
 
     def __len__(self) -> int:
         return len(self._holds)
@@ -69,13 +78,15 @@ class Watchdog:
         """Wait until some renewal is due; return every hold due now or soon (batched)."""
         with self._cond:
             while True:
+                self._wake_at = float("inf")  # scanning: see register()
                 now = time.monotonic()
-                if self._holds:
-                    first = min(h.next_renewal for h in self._holds)
+                held = tuple(self._holds)  # one atomic copy; registrations go on meanwhile
+                if held:
+                    first = min(h.next_renewal for h in held)
                     if first <= now:
                         # Renew early whatever falls due within the next sixth of its lease, so
                         # renewals of many locks coalesce into few round trips.
-                        return [h for h in self._holds if h.next_renewal - h.lease / 6 <= now]
+                        return [h for h in held if h.next_renewal - h.lease / 6 <= now]
                     self._wake_at = first
                     self._cond.wait(first - now)
                 else:

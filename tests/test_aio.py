@@ -8,11 +8,13 @@ and the per-loop client. Real Redis, real event loops (``asyncio.run``).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sys
 import threading
 import time
 
 import pytest
+import redis.asyncio
 
 from django_redislock import (
     AsyncLock,
@@ -344,3 +346,95 @@ def test_distributed_lock_on_a_coroutine_function_raises_when_busy():
             await asyncio.create_task(job())
 
     asyncio.run(main())
+
+
+# -- the per-loop pool: awaits a free connection only when exhausted ----------------------------
+
+# redis-py >= 5.3 deprecates get_connection's command name; older versions require it.
+_CHECKOUT_ARGS: tuple[str, ...] = (
+    ()
+    if inspect.signature(redis.asyncio.ConnectionPool.get_connection)
+    .parameters["command_name"]
+    .default
+    is not inspect.Parameter.empty
+    else ("PING",)
+)
+
+
+def test_tasks_beyond_max_connections_wait_for_a_free_connection(redis_client):
+    """500 tasks on a pool of 10: every one gets its turn, none fails with "Too
+    many connections", and the pool never opens more than its 10 connections."""
+    done: list[int] = []
+
+    async def worker(i: int) -> None:
+        lock = AsyncLock(f"pool-crowd-{i % 50}", using="small-pool", timeout=10)
+        async with lock:
+            await asyncio.sleep(0.001)
+        done.append(i)
+
+    async def main() -> int:
+        client = await AsyncLock("x", using="small-pool")._aclient()
+        pool = client.connection_pool
+        # django-redis shares one sync pool per URL, so the alias's own limit may not be the one
+        # the twin copied: pin it for this loop's pool.
+        pool.max_connections = 10
+        await asyncio.gather(*(worker(i) for i in range(500)))
+        return len(pool._available_connections) + len(pool._in_use_connections)
+
+    opened = asyncio.run(main())
+    assert sorted(done) == list(range(500))
+    assert opened <= 10
+
+
+def test_a_cancelled_pool_waiter_passes_the_free_connection_on():
+    """A task cancelled right after a release woke it must not swallow the wake-up: the next
+    waiter gets the connection at once, not at the checkout timeout."""
+
+    async def main() -> float:
+        client = await AsyncLock("x", using="small-pool")._aclient()
+        pool = client.connection_pool
+        pool.max_connections = 3
+        held = [await pool.get_connection(*_CHECKOUT_ARGS) for _ in range(pool.max_connections)]
+        first = asyncio.create_task(pool.get_connection(*_CHECKOUT_ARGS))
+        second = asyncio.create_task(pool.get_connection(*_CHECKOUT_ARGS))
+        await asyncio.sleep(0.05)
+        assert not first.done() and not second.done()
+        await pool.release(held.pop())  # wakes `first` ...
+        first.cancel()  # ... which is cancelled before it runs
+        started = time.monotonic()
+        connection = await asyncio.wait_for(second, 5)
+        waited = time.monotonic() - started
+        await pool.release(connection)
+        for c in held:
+            await pool.release(c)
+        return waited
+
+    assert asyncio.run(main()) < 1.0
+
+
+def test_an_exhausted_pool_gives_up_after_its_checkout_timeout():
+    """A connection never freed: the waiter gets the pool's own "Too many connections" error
+    after ``checkout_timeout`` (the socket timeout), which locks report as an exhausted pool."""
+    from django_redislock import connection as redislock_connection
+
+    async def main() -> tuple[float, BaseException]:
+        client = await AsyncLock("x", using="small-pool")._aclient()
+        pool = client.connection_pool
+        pool.checkout_timeout = 0.3
+        pool.max_connections = 3
+        held = [await pool.get_connection(*_CHECKOUT_ARGS) for _ in range(pool.max_connections)]
+        started = time.monotonic()
+        try:
+            await pool.get_connection(*_CHECKOUT_ARGS)
+        except Exception as exc:
+            error: BaseException = exc
+        else:
+            raise AssertionError("an exhausted pool handed out a connection")
+        waited = time.monotonic() - started
+        for c in held:
+            await pool.release(c)
+        return waited, error
+
+    waited, error = asyncio.run(main())
+    assert 0.25 <= waited < 2.0
+    assert redislock_connection.is_pool_exhausted(error)

@@ -453,6 +453,13 @@ def test_success_releases_the_key_and_records_the_task_id(worker):
     wait_for(lambda: get_lock_info("work:ok") is None, 2)
 
 
+def test_a_plain_lock_in_a_worker_task_records_the_task_id(worker):
+    """No single flight, no ``task_id=``: the Celery task-id provider names the running task."""
+    result = tasks.plain_lock_holder.delay("plain-in-worker")
+    seen = result.get(timeout=10)
+    assert seen == {"task_id": result.id, "request_id": result.id}
+
+
 def test_a_running_task_shows_the_worker_thread_not_the_publisher(worker):
     publisher = threading.current_thread().name
     result = tasks.work.delay("who", 0.5)

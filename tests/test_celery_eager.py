@@ -236,3 +236,18 @@ def test_a_reschedule_behind_a_run_of_this_thread_runs_after_it():
     assert [event for event, _ in SEEN] == ["start", "inner", "end", "start", "end"]
     assert SEEN[3] == ("start", inner) and inner != result.id
     assert_not_locked("eager:o")
+
+
+def test_a_plain_lock_inside_a_task_records_the_task_id_and_outside_none():
+    """The task-id provider answers inside a task (eager here: same signals as a worker) and
+    answers ``None`` — cheaply, without Celery's task stack — once no task runs."""
+    from django_redislock import get_lock_info
+    from django_redislock.celery import receivers
+    from tests.testapp.tasks import plain_lock_holder
+
+    seen = plain_lock_holder.delay("eager:plain").get()
+    assert seen["task_id"] == seen["request_id"] is not None
+    assert not receivers._running  # every started task was counted as finished
+    with Lock("eager:plain", timeout=10):
+        info = get_lock_info("eager:plain")
+        assert info is not None and info.task_id is None

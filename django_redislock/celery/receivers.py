@@ -6,8 +6,11 @@ effects, and a project without ``django_redislock`` in ``INSTALLED_APPS`` gets n
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
+
 from celery._state import get_current_task
-from celery.signals import task_revoked, worker_init
+from celery.signals import task_postrun, task_prerun, task_revoked, worker_init
 
 from django_redislock import signals as lock_signals
 from django_redislock.celery import periodic, runs, worker
@@ -16,12 +19,35 @@ from django_redislock.lock import register_task_id_provider
 __all__ = ["celery_task_id", "connect"]
 
 
+#: Tasks this process runs now (``task_prerun`` .. ``task_postrun``, eager runs included), by id.
+_running: Counter[str] = Counter()
+_running_mutex = threading.Lock()
+
+
+def _task_started(task_id: str | None = None, **kwargs: object) -> None:
+    if task_id:
+        with _running_mutex:
+            _running[task_id] += 1
+
+
+def _task_finished(task_id: str | None = None, **kwargs: object) -> None:
+    if task_id:
+        with _running_mutex:
+            _running[task_id] -= 1
+            if _running[task_id] <= 0:
+                del _running[task_id]
+
+
 def celery_task_id() -> str | None:
     """The id of the Celery task this thread (or greenlet) runs, for the holder metadata of any
     lock taken inside a task (``list_locks`` and the admin show it).
 
-    Called on every acquisition: reads Celery's task stack directly (what the ``current_task``
-    proxy does, without the proxy's overhead)."""
+    Called on every acquisition. A process that runs no task (a web process, a worker between
+    tasks) answers from the ``_running`` tally without touching Celery's task stack, whose
+    lookup raises and catches two exceptions in a thread that never ran a task. Otherwise it
+    reads the stack directly (what the ``current_task`` proxy does, without the proxy)."""
+    if not _running:
+        return None
     task = get_current_task()
     if task is None:
         return None
@@ -30,6 +56,12 @@ def celery_task_id() -> str | None:
 
 def connect() -> None:
     """Connect the receivers (idempotent: every connection has a ``dispatch_uid``)."""
+    task_prerun.connect(
+        _task_started, weak=False, dispatch_uid="django_redislock.celery.task_prerun"
+    )
+    task_postrun.connect(
+        _task_finished, weak=False, dispatch_uid="django_redislock.celery.task_postrun"
+    )
     register_task_id_provider(celery_task_id)
     lock_signals.lock_lost.connect(
         runs.on_lock_lost, weak=False, dispatch_uid="django_redislock.celery.lock_lost"

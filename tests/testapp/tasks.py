@@ -342,3 +342,13 @@ def _unconsumed_mode_task(mode: str) -> Any:
 
 
 UNCONSUMED_MODE_TASKS = {mode: _unconsumed_mode_task(mode) for mode in singleflight.MODES}
+
+
+@shared_task(bind=True)
+def plain_lock_holder(self: Any, name: str) -> dict[str, Any]:
+    """A plain task (no single flight) that takes a ``Lock`` in its body: the holder metadata
+    must name this task's id without the lock being told it (the Celery task-id provider)."""
+    with Lock(name, timeout=10):
+        info = get_lock_info(name)
+        assert info is not None
+        return {"task_id": info.task_id, "request_id": self.request.id}
