@@ -438,3 +438,19 @@ def test_an_exhausted_pool_gives_up_after_its_checkout_timeout():
     waited, error = asyncio.run(main())
     assert 0.25 <= waited < 2.0
     assert redislock_connection.is_pool_exhausted(error)
+
+
+def test_the_lean_asyncio_connection_packs_exactly_as_redis_py():
+    """hiredis packing (when installed) gives the bytes redis-py's own packer gives, for the
+    arguments locks send: multi-word command names, str, bytes, int, non-ASCII."""
+    from redis.asyncio.connection import Connection
+
+    from django_redislock.connection import _lean
+
+    lean, plain = _lean(Connection)(), Connection()
+    for args in (
+        ("EVALSHA", "a" * 40, 3, "k:1", "k:2", "k:3", "owner-1", 60000, '{"m":"é"}', ""),
+        ("SCRIPT LOAD", "return 1"),
+        ("SET", b"\x00\xff", -1),
+    ):
+        assert b"".join(lean.pack_command(*args)) == b"".join(plain.pack_command(*args))

@@ -96,6 +96,33 @@ def test_hung_redis_raises_within_the_socket_timeout(fault_server):
     assert elapsed < 5 * SOCKET_TIMEOUT
 
 
+def test_hung_redis_raises_within_the_socket_timeout_for_an_async_lock(fault_server):
+    """The asyncio connection sends inline (no ``wait_for`` per command, see
+    ``connection._lean``): a frozen server must still surface within the socket timeout, on a
+    connection that was already open and on a fresh one."""
+    import asyncio
+
+    from django_redislock import AsyncLock
+
+    async def main() -> list[float]:
+        lock = AsyncLock("hung-async", timeout=5)
+        assert await lock.acquire()  # the loop's connection is open before the hang
+        await lock.release()
+        fault_server.pause()
+        elapsed = []
+        try:
+            for name in ("hung-async", "hung-async-2"):
+                start = time.monotonic()
+                with pytest.raises(LockBackendError):
+                    await AsyncLock(name, timeout=5).acquire()
+                elapsed.append(time.monotonic() - start)
+        finally:
+            fault_server.resume()
+        return elapsed
+
+    assert all(e < 5 * SOCKET_TIMEOUT for e in asyncio.run(main()))
+
+
 def test_protected_code_never_runs_without_the_lock(fault_server):
     from django_redislock import distributed_lock
 
