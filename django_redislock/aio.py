@@ -12,7 +12,7 @@ differs is only how it waits and talks to Redis:
 - renewal is the watchdog thread's, with a sync connection, so held locks stay renewed while the
   event loop is busy with CPU-bound work;
 - cancelling a waiting task leaves no queue entry (and passes on a lock reserved for it);
-  cancelling a task inside ``release()`` still releases (the release is shielded).
+  cancelling a task inside ``release()`` still releases (finished by a task of its own).
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ from django_redislock.exceptions import LockBackendError, LockNotOwnedError
 __all__ = ["AsyncLock"]
 
 logger = logging.getLogger("django_redislock")
+
+#: Releases being finished after a cancellation (a reference, so they are not collected).
+_settling: set[asyncio.Task[None]] = set()
 
 
 class AsyncLock(engine.LockBase):
@@ -56,14 +59,53 @@ class AsyncLock(engine.LockBase):
     async def release(self, *, all_holds: bool = False) -> None:
         """Drop one hold (every hold with ``all_holds``); the last one frees the lock.
 
-        Shielded: a task cancelled while releasing still releases (the cancellation is
-        delivered once the release is done).
-        """
-        await asyncio.shield(self._release_now(all_holds, self.owner))
+        A task cancelled while releasing still releases: the cancellation is raised at once and
+        the release is finished by a task of its own.
 
-    async def _release_now(self, all_holds: bool, owner: str) -> None:
+        Why not simply ``asyncio.shield``: it runs every release in a new task, two extra turns
+        of the event loop per release (≈ 20 µs) although almost no release is ever cancelled.
+        A lock release of a hold this process knows runs inline instead; if it is cancelled
+        with the reply outstanding, :meth:`_settle_release` reads the lock record to learn
+        whether Redis ran it (this owner's hold count changes by nobody else's hand) and runs it
+        only if not, so a nested hold is never dropped twice. Other releases (semaphore permits,
+        independent masters, holds taken elsewhere) keep the shield.
+        """
+        owner = self.owner
         call, hold = self._release_call(all_holds, owner)
+        if hold is None or self.kind != "lock" or self._target().masters:
+            await asyncio.shield(self._release_shielded(call, hold, owner))
+            return
+        before = hold.count
+        try:
+            left = await call.async_(self)
+        except asyncio.CancelledError:
+            settling = asyncio.ensure_future(self._settle_release(call, hold, owner, before))
+            _settling.add(settling)
+            settling.add_done_callback(_settling.discard)
+            raise
+        self._released(hold, int(left), owner)
+
+    async def _release_shielded(self, call: engine.Call, hold: Any, owner: str) -> None:
         self._released(hold, int(await self._io(call).async_(self)), owner)
+
+    async def _settle_release(self, call: engine.Call, hold: Any, owner: str, before: int) -> None:
+        """Finish a release whose reply a cancellation cut off (see :meth:`release`)."""
+        try:
+            record = await self._owned_op().async_(self)
+            ours = record is not None and record.owner == owner and not record.unreadable
+            if not ours:  # it ran (freed or handed over), or the lease ended meanwhile
+                left = 0
+            elif record.count == before:  # it did not run: run it now
+                left = int(await call.async_(self))
+            else:
+                left = record.count
+            self._released(hold, left, owner)
+        except Exception:  # nobody awaits this task: log it; the lease ends the lock anyway
+            logger.warning(
+                "django_redislock: could not finish the cancelled release of %r",
+                self.name,
+                exc_info=True,
+            )
 
     async def renew(self) -> None:
         """Reset the lease to ``timeout``; :class:`LockNotOwnedError` if no longer held."""

@@ -8,6 +8,7 @@ and the per-loop client. Real Redis, real event loops (``asyncio.run``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import sys
 import threading
@@ -174,6 +175,53 @@ def test_cancelling_a_task_inside_release_still_releases():
         assert not await AsyncLock("cancel-release").locked()
 
     asyncio.run(main())
+
+
+def test_a_cancelled_release_drops_exactly_one_hold_wherever_it_is_cut_off():
+    """Releases run inline (no shield task); a cancellation may cut one off before the command
+    is sent, while the reply is outstanding, or after it arrived. Whatever the point, exactly
+    one hold is dropped — never two (a nested lock stays held once) and never none."""
+    from django_redislock import aio, get_lock_info
+
+    async def settled() -> None:
+        while aio._settling:
+            await asyncio.sleep(0.001)
+
+    async def main() -> list[str]:
+        outcomes = []
+        # From 1: a task cancelled before its first step never calls release() at all. One
+        # explicit owner: the releases run in tasks of their own.
+        for turns in range(1, 14):
+            lock = AsyncLock("cancel-nested", timeout=30, owner="cancel-test")
+            await lock.acquire()
+            await lock.acquire()  # two holds
+            releasing = asyncio.create_task(lock.release())
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            releasing.cancel()
+            try:
+                await releasing
+                outcomes.append("finished")
+            except asyncio.CancelledError:
+                outcomes.append("cancelled")
+            await settled()
+            info = get_lock_info("cancel-nested")
+            assert info is not None and info.hold_count == 1, (turns, info)
+            assert lock.hold_count == 1
+            # The last hold: released by a task of its own, also cut off at `turns`.
+            releasing = asyncio.create_task(lock.release())
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            releasing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await releasing
+            await settled()
+            assert get_lock_info("cancel-nested") is None, turns
+            assert lock.hold_count == 0
+        return outcomes
+
+    outcomes = asyncio.run(main())
+    assert "cancelled" in outcomes  # the cut-off path was taken at least once
 
 
 def test_held_locks_are_renewed_while_the_event_loop_is_blocked():
