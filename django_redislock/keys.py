@@ -56,11 +56,19 @@ class KeySpace:
     """
 
     namespace: str
+    #: One fencing counter for the whole namespace instead of one per name. Tokens then increase
+    #: across all names, so also per name (the guarantee), and a held lock or a name used once
+    #: costs no counter key of its own. Only where a script may touch keys of several slots: on
+    #: a Redis Cluster every key of a script must share the lock's slot, so there the counter is
+    #: per name (``<ns>:fence:{name}``). Chosen by :func:`keyspace` from the alias's client.
+    shared_fence: bool = False
 
     def lock(self, name: str) -> str:
         return f"{self.namespace}:lock:{{{tag_of(name)}}}"
 
     def fence(self, name: str) -> str:
+        if self.shared_fence:
+            return f"{self.namespace}:fence"
         return f"{self.namespace}:fence:{{{tag_of(name)}}}"
 
     def queue(self, name: str) -> str:
@@ -151,15 +159,20 @@ def keyspace(using: str | None = None) -> KeySpace:
     Two sites sharing one Redis database with different cache prefixes never see each other's
     locks.
     """
-    from django_redislock.connection import resolve_alias
+    from django_redislock.connection import get_client, is_cluster, resolve_alias
 
     alias = resolve_alias(using)
     space = _keyspaces.get(alias)
     if space is None:
         own = get_settings().key_prefix
         site = cache_key_prefix(alias)
+        namespace = f"{site}:{own}" if site else own
+        try:
+            shared = not is_cluster(get_client(alias))
+        except Exception:  # not a usable Redis alias: names only (the first use will say why)
+            return KeySpace(namespace)
         with _mutex:
-            space = _keyspaces[alias] = KeySpace(f"{site}:{own}" if site else own)
+            space = _keyspaces[alias] = KeySpace(namespace, shared_fence=shared)
     return space
 
 

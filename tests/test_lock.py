@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from typing import Any
@@ -487,6 +488,20 @@ def test_names_cannot_escape_the_namespace(redis_client):
     assert all(k.startswith(b"redislock:") or k == b"victim" for k in redis_client.keys("*"))
 
 
+def test_released_names_leave_no_key_of_their_own_on_a_single_redis(redis_client):
+    """One fencing counter per namespace on a single Redis: after 500 distinct names were
+    locked and released, no key carries any of those names, and tokens still only increase."""
+    tokens = []
+    for i in range(500):
+        with Lock(f"invoice:{i}", timeout=5) as lock:
+            tokens.append(lock.fencing_token)
+    assert tokens == sorted(set(tokens))
+    left = [k.decode() for k in redis_client.scan_iter(match="redislock:*", count=1000)]
+    # (statistics keys name the key *shape*, "invoice:{n}", never a name)
+    assert not [k for k in left if re.search(r"invoice:\d", k)], left[:5]
+    assert keyspace().fence("invoice:1") in left  # the namespace's counter
+
+
 def test_tokens_keep_increasing_when_the_counter_expires(redis_client):
     lock = Lock("seeded", timeout=5)
     lock.acquire()
@@ -621,12 +636,16 @@ def test_every_key_a_script_touches_is_declared_and_in_the_locks_slot(redis_clie
     watcher.join(10)
     scripts_run = 0
     declared: set[str] = set()
+    # On a single Redis the fencing counter is one key per namespace (keys.KeySpace); on a
+    # Cluster it is per name, in the lock's slot (the topology suite runs these paths there).
+    space = keyspace()
+    shared_fence = space.fence("any") if space.shared_fence else None
     for client_type, *command in seen:
         name = command[0].upper()
         if name == "EVALSHA":
             scripts_run += 1
             declared = set(command[3 : 3 + int(command[2])])
-            slots = {key_slot(k.encode()) for k in declared}
+            slots = {key_slot(k.encode()) for k in declared if k != shared_fence}
             assert len(slots) == 1, command
         elif client_type == "lua" and name not in ("PUBLISH", "TIME"):
             keys = [command[1]] if len(command) > 1 else []
