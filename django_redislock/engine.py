@@ -253,7 +253,7 @@ class Call(Op):
             pause = min(pause * 2, 0.05)
 
     def _sync(self, face: LockBase) -> Any:
-        client = face._target().client
+        client = face._spec().target.client
         try:
             if not self.replicas:
                 return self.script(client, self.keys, self.args)
@@ -605,19 +605,19 @@ class LockBase:
 
     def _io(self, call: Call) -> Op:
         """The operation that runs ``call`` where this lock lives (every master for Redlock)."""
-        if self._target().masters:
+        if self._spec().target.masters:
             return quorum.op(self, call)  # type: ignore[no-any-return]
         return call
 
     def _acquire_flow(self, blocking: bool | None, blocking_timeout: float | None) -> Flow:
         """Take the lock; ``False`` when not acquired in time. One deadline covers every wait."""
-        if self._target().masters:
+        spec = self._spec()
+        if spec.target.masters:
             return (yield from quorum.acquire_flow(self, blocking, blocking_timeout))
         blocking = self._blocking if blocking is None else check_bool(blocking, "blocking")
         limit = self._wait_limit(blocking_timeout)
         started = time.monotonic()
         deadline = float("inf") if limit is None else started + limit
-        spec = self._spec()
         owner = self.owner
         meta = holds.metadata(self._task_id, queued=self._queued)
         queue = bool(blocking) and limit != 0
