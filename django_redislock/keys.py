@@ -1,10 +1,13 @@
 """The key layout: every Redis key the package writes, built in one place.
 
 Every key of one lock carries the lock name as its Redis Cluster hash tag (``{name}``), so each
-script touches a single slot. Redis takes the hash tag from the first ``{`` to the first ``}``
-after it, so a name containing braces would break the tag: the tag is the name with ``%``, ``{``
-and ``}`` percent-encoded (``a{b}`` -> ``{a%7Bb%7D}``). The encoding is reversible, so listings show
-the name as given, and plain names (the usual case) appear in keys unchanged.
+script touches a single slot (on a single Redis the fencing counter is one key per namespace
+instead, see :attr:`KeySpace.shared_fence`).
+
+Redis takes the hash tag from the first ``{`` to the first ``}`` after it, so a name containing
+braces would break the tag: the tag is the name with ``%``, ``{`` and ``}`` percent-encoded
+(``a{b}`` -> ``{a%7Bb%7D}``). The encoding is reversible, so listings show the name as given, and
+plain names (the usual case) appear in keys unchanged.
 """
 
 from __future__ import annotations
