@@ -413,39 +413,41 @@ def _pool_class() -> type:
             self._freed: collections.deque[asyncio.Future[bool]] = collections.deque()
 
         async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+            connection, exhausted = await self._checkout(args, kwargs)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.checkout_timeout
+            while connection is None:
+                if not await self._freed_before(loop, deadline):
+                    raise exhausted
+                connection, exhausted = await self._checkout(args, kwargs)
+            return connection
+
+        async def _checkout(self, args: Any, kwargs: Any) -> tuple[Any, Any]:
+            """``(connection, None)``, or ``(None, error)`` when every connection is in use."""
             try:
-                return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+                return await super().get_connection(*args, **kwargs), None  # type: ignore[no-untyped-call]
             except redis_errors.ConnectionError as exc:
                 if not is_pool_exhausted(exc):
                     raise
-                error = exc
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.checkout_timeout
-            while True:
-                # True: a release woke us; False: the deadline passed. (Not asyncio.wait_for:
-                # on Python 3.11 it can swallow a cancellation that races with the wake-up.)
-                freed: asyncio.Future[bool] = loop.create_future()
-                timer = loop.call_at(deadline, _settle, freed, False)
-                self._freed.append(freed)
-                try:
-                    woken = await freed
-                except BaseException:
-                    # Cancelled after a release woke us: wake the next waiter instead.
-                    if freed.done() and not freed.cancelled() and freed.result():
-                        self._wake_one()
-                    raise
-                finally:
-                    timer.cancel()
-                    with contextlib.suppress(ValueError):
-                        self._freed.remove(freed)
-                if not woken:
-                    raise error
-                try:
-                    return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
-                except redis_errors.ConnectionError as exc:
-                    if not is_pool_exhausted(exc):
-                        raise
-                    error = exc
+                return None, exc
+
+        async def _freed_before(self, loop: asyncio.AbstractEventLoop, deadline: float) -> bool:
+            """Wait for a release (True) or the deadline (False). Not ``asyncio.wait_for``: on
+            Python 3.11 it can swallow a cancellation that races with the wake-up."""
+            freed: asyncio.Future[bool] = loop.create_future()
+            timer = loop.call_at(deadline, _settle, freed, False)
+            self._freed.append(freed)
+            try:
+                return await freed
+            except BaseException:
+                # Cancelled after a release woke us: wake the next waiter instead.
+                if freed.done() and not freed.cancelled() and freed.result():
+                    self._wake_one()
+                raise
+            finally:
+                timer.cancel()
+                with contextlib.suppress(ValueError):
+                    self._freed.remove(freed)
 
         async def release(self, connection: Any) -> None:
             await super().release(connection)

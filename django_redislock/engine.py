@@ -347,38 +347,51 @@ class QuorumHooks:
 quorum = QuorumHooks()
 
 
+@dataclass(slots=True)
+class _Stepper:
+    """Advances a flow by one operation's outcome; shared by both drivers."""
+
+    flow: Flow
+    op: Op | None = None
+    value: Any = None
+    done: bool = False
+
+    def step(self, reply: Any = None, error: BaseException | None = None) -> None:
+        try:
+            self.op = self.flow.send(reply) if error is None else self.flow.throw(error)
+        except StopIteration as stop:
+            self.done, self.value = True, stop.value
+
+
 def drive(face: LockBase, flow: Flow) -> Any:
-    """Run a flow with blocking I/O: each operation's reply (or error) goes back into the flow."""
-    send, throw = flow.send, flow.throw
-    try:
-        op = send(None)
-        while True:
-            try:
-                reply = op.sync(face)
-            except BaseException as exc:
-                op = throw(exc)
-            else:
-                op = send(reply)
-    except StopIteration as stop:
-        return stop.value
+    """Run a flow with blocking I/O."""
+    stepper = _Stepper(flow)
+    stepper.step()
+    while not stepper.done:
+        assert stepper.op is not None
+        try:
+            reply = stepper.op.sync(face)
+        except BaseException as exc:
+            stepper.step(error=exc)
+        else:
+            stepper.step(reply)
+    return stepper.value
 
 
 async def adrive(face: LockBase, flow: Flow) -> Any:
-    """Run a flow with ``await``: the same steps as :func:`drive`; clean-up calls (``shield``)
-    are shielded from a second cancellation."""
-    send, throw = flow.send, flow.throw
-    try:
-        op = send(None)
-        while True:
-            work = op.async_(face)
-            try:
-                reply = await (asyncio.shield(work) if getattr(op, "shield", False) else work)
-            except BaseException as exc:
-                op = throw(exc)
-            else:
-                op = send(reply)
-    except StopIteration as stop:
-        return stop.value
+    """Run a flow with ``await``: the same steps as :func:`drive`."""
+    stepper = _Stepper(flow)
+    stepper.step()
+    while not stepper.done:
+        assert stepper.op is not None
+        work = stepper.op.async_(face)
+        try:
+            reply = await (asyncio.shield(work) if getattr(stepper.op, "shield", False) else work)
+        except BaseException as exc:
+            stepper.step(error=exc)
+        else:
+            stepper.step(reply)
+    return stepper.value
 
 
 def _transient(exc: LockBackendError) -> str | None:

@@ -491,9 +491,10 @@ def test_names_cannot_escape_the_namespace(redis_client):
 def test_released_names_leave_no_key_of_their_own_on_a_single_redis(redis_client):
     """One fencing counter per namespace on a single Redis: after 500 distinct names were
     locked and released, no key carries any of those names, and tokens still only increase."""
-    tokens = []
+    tokens: list[int] = []
     for i in range(500):
         with Lock(f"invoice:{i}", timeout=5) as lock:
+            assert lock.fencing_token is not None
             tokens.append(lock.fencing_token)
     assert tokens == sorted(set(tokens))
     left = [k.decode() for k in redis_client.scan_iter(match="redislock:*", count=1000)]
