@@ -2,9 +2,10 @@
 
     .venv/bin/python benchmarks/admin_list.py [--locks 100000] [--runs 15]
 
-Starts a private redis-server (django_redislock.testing), writes N lock records (and their fencing
-counters, as real locks leave them) straight into Redis, then times full admin requests through
-Django's test client — view, SCAN paging, template rendering — as a logged-in superuser:
+Starts a private redis-server (django_redislock.testing), writes N lock records (and the
+namespace's fencing counter, as real locks on a single Redis leave them) straight into Redis, then
+times full admin requests through Django's test client — view, SCAN paging, template rendering —
+as a logged-in superuser:
 
 - first page (SCAN order, cursor paging): the target is < 300 ms with 100,000 locks;
 - second page (following the page's "next" cursor);
@@ -55,7 +56,8 @@ def populate(client, namespace: str, count: int) -> None:  # type: ignore[no-unt
                 separators=(",", ":"),
             )
             pipe.set(f"{namespace}:lock:{{{name}}}", value, px=3_600_000 + i)
-            pipe.set(f"{namespace}:fence:{{{name}}}", token)
+        # A single Redis keeps one fencing counter per namespace (keys.KeySpace.shared_fence).
+        pipe.set(f"{namespace}:fence", count)
         pipe.execute()
 
 
@@ -106,7 +108,7 @@ def main() -> None:
         started = time.perf_counter()
         populate(redis, keyspace().namespace, opts.locks)
         print(
-            f"wrote {opts.locks} locks (+ fence keys, dbsize {redis.dbsize()}) "
+            f"wrote {opts.locks} locks (+ the fencing counter, dbsize {redis.dbsize()}) "
             f"in {time.perf_counter() - started:.1f} s"
         )
 

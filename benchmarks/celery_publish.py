@@ -310,7 +310,7 @@ def main() -> None:
         )
         print(
             f"  keys left in db 0: {leftover} (queued holds of the '+results' publishes, which "
-            "are not run, plus their fencing counters)"
+            "are not run, plus the namespace's fencing counter and statistics)"
         )
 
 
