@@ -67,12 +67,14 @@ class AsyncLock(engine.LockBase):
         A lock release of a hold this process knows runs inline instead; if it is cancelled
         with the reply outstanding, :meth:`_settle_release` reads the lock record to learn
         whether Redis ran it (this owner's hold count changes by nobody else's hand) and runs it
-        only if not, so a nested hold is never dropped twice. Other releases (semaphore permits,
-        independent masters, holds taken elsewhere) keep the shield.
+        only if not, so a nested hold is never dropped twice. That reasoning needs the owner to
+        be this task (the default): other releases — an explicit ``owner=`` (other tasks may
+        change its count meanwhile), semaphore permits, independent masters, holds taken
+        elsewhere — keep the shield.
         """
         owner = self.owner
         call, hold = self._release_call(all_holds, owner)
-        if hold is None or self.kind != "lock" or self._target().masters:
+        if hold is None or self._owner is not None or self.kind != "lock" or self._target().masters:
             await asyncio.shield(self._release_shielded(call, hold, owner))
             return
         before = hold.count

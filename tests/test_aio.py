@@ -153,9 +153,13 @@ def test_a_lock_reserved_for_a_cancelled_waiter_passes_to_the_next(redis_client)
     asyncio.run(main())
 
 
-def test_cancelling_a_task_inside_release_still_releases():
+@pytest.mark.parametrize("owner", [None, "explicit-owner"], ids=["task-owner", "explicit-owner"])
+def test_cancelling_a_task_inside_release_still_releases(owner: str | None):
+    """Inline release with settling (the task's own hold) and shielded release (an explicit
+    owner, whose count other tasks may change) both finish after the cancellation."""
+
     async def main() -> None:
-        lock = AsyncLock("cancel-release", timeout=30)
+        lock = AsyncLock("cancel-release", timeout=30, owner=owner)
         holding = asyncio.Event()
 
         async def hold_and_release() -> None:
@@ -178,50 +182,63 @@ def test_cancelling_a_task_inside_release_still_releases():
 
 
 def test_a_cancelled_release_drops_exactly_one_hold_wherever_it_is_cut_off():
-    """Releases run inline (no shield task); a cancellation may cut one off before the command
-    is sent, while the reply is outstanding, or after it arrived. Whatever the point, exactly
-    one hold is dropped — never two (a nested lock stays held once) and never none."""
-    from django_redislock import aio, get_lock_info
+    """Releases of a task's own holds run inline (no shield task); a cancellation may cut one
+    off before the command is sent, while the reply is outstanding, or after it arrived.
+    Whatever the point, exactly one hold is dropped — never two (a nested lock stays held once)
+    and never none (a single hold ends free)."""
+    from django_redislock import aio, force_release, get_lock_info
 
     async def settled() -> None:
         while aio._settling:
             await asyncio.sleep(0.001)
 
+    async def cut_off(holds: int, turns: int) -> str:
+        ready, go = asyncio.Event(), asyncio.Event()
+        started = returned = False
+
+        async def holder() -> None:  # the default owner: this task
+            nonlocal started, returned
+            lock = AsyncLock("cancel-cut", timeout=30)
+            for _ in range(holds):
+                await lock.acquire()
+            ready.set()
+            await go.wait()
+            started = True
+            await lock.release()  # cut off here, `turns` loop turns in
+            returned = True
+            await asyncio.sleep(30)  # never reached when cancelled in time
+
+        task = asyncio.create_task(holder())
+        await ready.wait()
+        go.set()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await settled()
+        if not started:  # cancelled before release() was called: nothing may be dropped
+            return "not started"
+        return "returned" if returned else "cut off"
+
     async def main() -> list[str]:
         outcomes = []
-        # From 1: a task cancelled before its first step never calls release() at all. One
-        # explicit owner: the releases run in tasks of their own.
-        for turns in range(1, 14):
-            lock = AsyncLock("cancel-nested", timeout=30, owner="cancel-test")
-            await lock.acquire()
-            await lock.acquire()  # two holds
-            releasing = asyncio.create_task(lock.release())
-            for _ in range(turns):
-                await asyncio.sleep(0)
-            releasing.cancel()
-            try:
-                await releasing
-                outcomes.append("finished")
-            except asyncio.CancelledError:
-                outcomes.append("cancelled")
-            await settled()
-            info = get_lock_info("cancel-nested")
-            assert info is not None and info.hold_count == 1, (turns, info)
-            assert lock.hold_count == 1
-            # The last hold: released by a task of its own, also cut off at `turns`.
-            releasing = asyncio.create_task(lock.release())
-            for _ in range(turns):
-                await asyncio.sleep(0)
-            releasing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await releasing
-            await settled()
-            assert get_lock_info("cancel-nested") is None, turns
-            assert lock.hold_count == 0
+        for turns in range(14):
+            outcome = await cut_off(2, turns)
+            outcomes.append(outcome)
+            info = get_lock_info("cancel-cut")
+            assert info is not None, turns
+            assert info.hold_count == (2 if outcome == "not started" else 1), (turns, outcome)
+            force_release("cancel-cut")
+            outcome = await cut_off(1, turns)
+            outcomes.append(outcome)
+            if outcome == "not started":
+                force_release("cancel-cut")
+            assert get_lock_info("cancel-cut") is None, (turns, outcome)
         return outcomes
 
     outcomes = asyncio.run(main())
-    assert "cancelled" in outcomes  # the cut-off path was taken at least once
+    assert "cut off" in outcomes, outcomes  # the path under test was taken
 
 
 def test_held_locks_are_renewed_while_the_event_loop_is_blocked():
