@@ -148,12 +148,6 @@ class Script:
 
     def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run the script; on a Cluster, retried while its slot is being migrated."""
-        try:  # the hot path, inline: one EVALSHA
-            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
-        except _RETRIED:
-            pass  # loaded and retried below (a restarted or flushed server; a migration)
-        except ResponseError as exc:
-            raise self._named(exc) from exc
         try:
             return self._call(client, keys, args)
         except _MIGRATING:
@@ -187,8 +181,6 @@ class Script:
 #: whose keys are split between the two nodes, redirect loops, ``CLUSTERDOWN``): they end by
 #: themselves within moments, so they are retried rather than reported.
 _MIGRATING: tuple[type[Exception], ...] = (TryAgainError, ClusterError)
-#: What the hot path of :meth:`Script.__call__` hands to the slow path (load, or wait).
-_RETRIED: tuple[type[Exception], ...] = (NoScriptError, *_MIGRATING)
 #: Seconds a script keeps being retried through a slot migration or failover.
 MIGRATION_RETRY_BUDGET = 5.0
 
