@@ -414,6 +414,8 @@ def _pool_class() -> type:
 
         async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
             connection, exhausted = await self._checkout(args, kwargs)
+            if connection is not None:  # the usual case: no deadline to set up
+                return connection
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.checkout_timeout
             while connection is None:
