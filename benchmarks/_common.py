@@ -382,7 +382,31 @@ class CommandCounter:
         redis.client.Pipeline.execute = execute  # type: ignore[method-assign]
         aclient.Redis.execute_command = aexecute_command  # type: ignore[method-assign]
         aclient.Pipeline.execute = aexecute  # type: ignore[method-assign]
+        self._install_direct()
         self.installed = True
+
+    def _install_direct(self) -> None:
+        """Count our scripts too where they bypass ``Redis.execute_command`` (kept connections,
+        ``connection.DirectCommands``); a fallback through the client counts once more, as it is
+        another round trip."""
+        from django_redislock import connection
+
+        counter = self
+        plain: Callable[..., Any] = connection.DirectCommands.execute_command
+        aplain: Callable[..., Any] = connection.AsyncDirectCommands.execute_command
+
+        def execute_command(self: Any, *args: Any) -> Any:
+            if counter.enabled:
+                counter._count(args[:1])
+            return plain(self, *args)
+
+        async def aexecute_command(self: Any, *args: Any) -> Any:
+            if counter.enabled:
+                counter._count(args[:1])
+            return await aplain(self, *args)
+
+        connection.DirectCommands.execute_command = execute_command  # type: ignore[method-assign]
+        connection.AsyncDirectCommands.execute_command = aexecute_command  # type: ignore[method-assign]
 
     def _note_pipeline(self, stack: Sequence[Any]) -> None:
         names = [(c[0] if isinstance(c, tuple) else c.args)[0] for c in stack]

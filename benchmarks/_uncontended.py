@@ -85,7 +85,7 @@ def _scripts_only(name: str) -> Callable[[], None]:
     owner = lock.owner
     acquire = lock._acquire_call(spec, owner, holds.metadata(), "", "", 2000)
     release, _ = lock._release_call(False, owner)
-    client = spec.target.client
+    client = spec.target.runner  # what Lock's scripts run through
     keys, a_args, r_args = spec.script_keys, acquire.args, release.args
     run_acquire, run_release = scripts.ACQUIRE, scripts.RELEASE
 

@@ -50,6 +50,10 @@ class AsyncLock(engine.LockBase):
     async def _aclient(self) -> Any:
         return await connection.async_client_for(self._target().client)
 
+    async def _arunner(self) -> Any:
+        client = self._target().client
+        return connection.cached_async_runner(client) or await connection.async_runner_for(client)
+
     async def acquire(
         self, blocking: bool | None = None, blocking_timeout: float | None = None
     ) -> bool:

@@ -125,6 +125,8 @@ class Target:
     #: Independent masters (``REDISLOCK["CACHE"]`` as a list): locks need a majority of them
     #: (Redlock, :mod:`django_redislock.redlock`). Empty for a single Redis/Cluster/Sentinel.
     masters: tuple[Any, ...] = ()
+    #: What scripts run through: ``client``, or :class:`connection.DirectCommands` in front of it.
+    runner: Any = None
 
     def listener(self) -> Any:
         if self.masters:
@@ -166,6 +168,7 @@ def target_for(using: str | None) -> Target:
                 settings.replicas_timeout, connection.socket_timeout(client)
             ),
             masters=masters,
+            runner=connection.command_runner(client),
         )
         with _targets_mutex:
             _targets[alias] = target
@@ -227,6 +230,9 @@ class Call(Op):
     #: Replicas to wait for (0: none) and how long, in ms.
     replicas: int = 0
     replicas_timeout_ms: int = 0
+    #: Applied to the script's reply before anything else looks at it (a release wakes a waiter
+    #: of this process it handed the lock to: :func:`_woken_here`).
+    after: Callable[[Any], Any] | None = None
 
     def _checked(self, reply: Any, acked: int) -> Any:
         if acked < self.replicas:
@@ -253,13 +259,14 @@ class Call(Op):
             pause = min(pause * 2, 0.05)
 
     def _sync(self, face: LockBase) -> Any:
-        client = face._spec().target.client
+        target = face._spec().target
         try:
             if not self.replicas:
-                return self.script(client, self.keys, self.args)
+                reply = self.script(target.runner, self.keys, self.args)
+                return reply if self.after is None else self.after(reply)
             reply, acked = scripts.call_and_wait(
                 self.script,
-                client,
+                target.client,
                 self.keys,
                 self.args,
                 self.replicas,
@@ -267,13 +274,16 @@ class Call(Op):
             )
         except redis_errors.RedisError as exc:
             raise connection.backend_error(exc, self.action) from exc
-        return self._checked(reply, acked)
+        return self._checked(reply if self.after is None else self.after(reply), acked)
 
     async def async_(self, face: LockBase) -> Any:
         if self.replicas:  # WAIT blocks: in a thread, through the sync client's connection
             return await asyncio.to_thread(self.sync, face)
-        with connection.backend_errors(self.action):
-            return await self.script.acall(await face._aclient(), self.keys, self.args)
+        try:  # not backend_errors(): a context manager costs a microsecond per call
+            reply = await self.script.acall(await face._arunner(), self.keys, self.args)
+        except redis_errors.RedisError as exc:
+            raise connection.backend_error(exc, self.action) from exc
+        return reply if self.after is None else self.after(reply)
 
 
 @dataclass
@@ -496,6 +506,10 @@ class LockBase:
         return self._spec().target
 
     async def _aclient(self) -> Any:
+        raise NotImplementedError
+
+    async def _arunner(self) -> Any:
+        """What this face's scripts run through (the asyncio client, or a direct runner)."""
         raise NotImplementedError
 
     def _spec(self) -> _Spec:
@@ -825,11 +839,13 @@ class LockBase:
         hold = holds.get((*spec.ident, owner))
         if hold is not None and (all_holds or hold.count <= 1):
             watchdog.unregister(hold)
+        here = "" if spec.target.masters else holds.process_token()
         call = Call(
             scripts.RELEASE,
             spec.script_keys,
-            [owner, "1" if all_holds else "0", *spec.wake_args],
+            [owner, "1" if all_holds else "0", *spec.wake_args, here],
             f"release lock {self.name!r}",
+            after=_woken_here,
         )
         return call, hold
 
@@ -941,6 +957,16 @@ class LockBase:
 
     def _not_acquired(self) -> LockNotAcquiredError:
         return LockNotAcquiredError(self.name)
+
+
+def _woken_here(reply: Any) -> Any:
+    """A release's reply: ``[0, waiter, token]`` when the lock went to a waiter of this process
+    (``release.lua`` published nothing for it) — woken here, then 0 like any release."""
+    if isinstance(reply, list):
+        token = int(reply[2])
+        wakeups.hand_over(_text(reply[1]), token if token >= 0 else None)
+        return 0
+    return reply
 
 
 def _subscribe_timeout(target: Target) -> float:

@@ -27,7 +27,14 @@ from typing import Any
 
 from django_redislock import holds
 
-__all__ = ["HEALTH_INTERVAL", "Listener", "ListenerGroup", "Waiter", "listener_for"]
+__all__ = [
+    "HEALTH_INTERVAL",
+    "Listener",
+    "ListenerGroup",
+    "Waiter",
+    "hand_over",
+    "listener_for",
+]
 
 logger = logging.getLogger("django_redislock")
 
@@ -49,7 +56,7 @@ class Waiter:
     (no ``asyncio.wait_for``, which wraps every wait in a task of its own).
     """
 
-    __slots__ = ("_future", "_gate", "_loop", "handed", "id", "recheck_at", "token")
+    __slots__ = ("_future", "_gate", "_loop", "_thread", "handed", "id", "recheck_at", "token")
 
     def __init__(self, waiter_id: str, *, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.id = waiter_id
@@ -58,6 +65,7 @@ class Waiter:
         self.token: int | None = None
         self.recheck_at = float("inf")
         self._loop = loop
+        self._thread = threading.get_ident()  # the loop's thread, for an asyncio waiter
         # Created when the waiter first sleeps: most acquisitions never wait. notify() sets the
         # fields before it looks for a gate or event, and wait() creates it before it looks at
         # the fields, so a message arriving in between is never missed.
@@ -71,6 +79,9 @@ class Waiter:
             with contextlib.suppress(RuntimeError):
                 gate.release()
         elif self._loop is not None and self._future is not None:
+            if threading.get_ident() == self._thread:  # a task of its own loop hands over
+                _resolve(self._future)
+                return
             # A closed loop raises RuntimeError: nobody waits there any more.
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(_resolve, self._future)
@@ -78,7 +89,8 @@ class Waiter:
     def notify(
         self, *, handed: bool = False, token: int | None = None, recheck_in: float | None = None
     ) -> None:
-        """Called from the listener thread (fields first, then the event: no lost update)."""
+        """Called from the listener thread, or by a release of this process that handed the lock
+        over (fields first, then the wake-up: no lost update)."""
         if handed:
             self.token = token
             self.handed = True
@@ -137,6 +149,15 @@ def register(waiter: Waiter) -> None:
 def unregister(waiter: Waiter) -> None:
     with _waiters_mutex:
         _waiters.pop(waiter.id, None)
+
+
+def hand_over(waiter_id: str, token: int | None) -> None:
+    """A release of this process handed the lock to one of its own waiters (``release.lua``
+    sends no message for it): wake that waiter here. One that is gone meanwhile has left the
+    queue or finds the lock reserved for it in its clean-up (as with a message it missed)."""
+    waiter = _waiters.get(waiter_id)
+    if waiter is not None:
+        waiter.notify(handed=True, token=token)
 
 
 def _dispatch(data: bytes | str) -> None:

@@ -105,7 +105,9 @@ CACHES = {
     # A small connection pool, for many threads of one process.
     "small-pool": {
         "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": f"{REDIS_URL}/0",
+        # Same database, another URL spelling: django-redis shares one pool per URL string, and
+        # this pool must really be small (not "default"'s, whichever alias came first).
+        "LOCATION": f"{REDIS_URL}?db=0",
         "OPTIONS": {**_TIMEOUTS, "CONNECTION_POOL_KWARGS": {"max_connections": 10}},
     },
     "locmem": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},

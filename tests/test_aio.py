@@ -519,3 +519,39 @@ def test_the_lean_asyncio_connection_packs_exactly_as_redis_py():
         ("SET", b"\x00\xff", -1),
     ):
         assert b"".join(lean.pack_command(*args)) == b"".join(plain.pack_command(*args))
+
+
+def test_a_task_hands_over_to_a_task_of_its_loop_without_a_message(redis_client):
+    """The release resolves the next task's future itself (same loop, same thread: no
+    ``call_soon_threadsafe``, no ``PUBLISH``)."""
+    holder = AsyncLock("aio-local", timeout=30)
+    spy = redis_client.pubsub()
+
+    async def main() -> tuple[list[float], float]:
+        await holder.acquire()
+        spy.psubscribe(holder._target().channel_prefix + "*")
+        got: list[float] = []
+
+        async def waiter() -> None:
+            lock = AsyncLock("aio-local", timeout=30)
+            assert await lock.acquire(blocking_timeout=20)
+            got.append(time.monotonic())
+            await lock.release()
+
+        tasks = [asyncio.ensure_future(waiter()) for _ in range(3)]
+        key = keyspace("default").queue("aio-local")
+        while redis_client.llen(key) < 3:
+            await asyncio.sleep(0.01)
+        released = time.monotonic()
+        await holder.release()
+        await asyncio.wait_for(asyncio.gather(*tasks), 20)
+        return got, released
+
+    got, released = asyncio.run(main())
+    assert len(got) == 3 and got[0] - released < 0.5
+    seen = []
+    while (message := spy.get_message(timeout=0.2)) is not None:
+        if message["type"] == "pmessage":
+            seen.append(message["data"].decode())
+    spy.close()
+    assert not [m for m in seen if m.startswith("h ")], seen

@@ -276,3 +276,31 @@ def test_waiters_of_one_process_share_one_subscription(redis_client):
     for waiter in waiters:
         waiter.join(20)
     assert all(w.result is True for w in waiters)
+
+
+@pytest.mark.parametrize("waiters", [1, 3])
+def test_a_release_wakes_a_waiter_of_its_own_process_without_a_message(redis_client, waiters):
+    """``release.lua`` publishes no hand-off message for a waiter of the releasing process: the
+    release wakes it directly, the lock already its own (no round trip through Redis and the
+    listener). Only "re-check" hints for the next waiter in line may still go out."""
+    holder = Lock("local-hand-off", timeout=30)
+    holder.acquire()
+    spy = redis_client.pubsub()
+    spy.psubscribe(holder._target().channel_prefix + "*")
+    started = [
+        start_waiter("local-hand-off", blocking_timeout=20, hold=0.05) for _ in range(waiters)
+    ]
+    wait_for(lambda: queue_length(redis_client, "local-hand-off") == waiters)
+    released = time.monotonic()
+    holder.release()
+    for waiter in started:
+        waiter.join(20)
+    assert [w.result for w in started] == [True] * waiters
+    first = min(w.acquired_at or float("inf") for w in started)
+    assert first - released < 0.5  # not the holder's 30 s lease, nor a re-check
+    seen = []
+    while (message := spy.get_message(timeout=0.2)) is not None:
+        if message["type"] == "pmessage":
+            seen.append(message["data"].decode())
+    spy.close()
+    assert not [m for m in seen if m.startswith("h ")], seen

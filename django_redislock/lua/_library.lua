@@ -107,17 +107,20 @@ local function tell_next(queue_key, prefix, lease_ms, now)
 end
 
 -- Pop queue entries until one belongs to a live waiter and give it the next fencing token:
--- returns its waiter, owner, lease, metadata and token, or nil when nobody live waits. Its process
--- is told on its channel: "h <waiter> <token>" when `trust` is "1" (a single Redis, where PUBLISH
+-- returns its waiter, owner, lease, metadata and token, or nil when nobody live waits. A waiter
+-- of the process running this script (`here`, its process token; nil: none) is not published
+-- to: that process is alive, and wakes its waiter itself (6th value true). Any other waiter's
+-- process is told on its channel: "h <waiter> <token>" when `trust` is "1" (a single Redis, where PUBLISH
 -- counts every subscriber: the waiter holds the lock from now on, with its full lease, and a
 -- waiter whose process no longer listens is skipped), "h <waiter>" otherwise (the waiter must
 -- claim the reservation; see hand_off).
-local function next_waiter(queue_key, fence_key, prefix, trust, now)
+local function next_waiter(queue_key, fence_key, prefix, trust, now, here)
   local entry = redis.call('LPOP', queue_key)
   while entry do
     local x, w, o, l, m = parse_entry(entry)
     if x and tonumber(x) > now then
       local token = next_token(fence_key)
+      if here and string.match(w, '^([^.]*)') == here then return w, o, tonumber(l), m, token, true end
       local message = 'h ' .. w
       if trust == '1' then message = message .. string.format(' %d', token) end
       local heard = redis.call('PUBLISH', channel_of(prefix, w), message)
@@ -140,7 +143,8 @@ end
 -- waiter in line is told when the window ends ("r <waiter> <ms>"), so it re-checks then.
 -- Either way the record names the waiter ("w"), so a waiter that missed its message finds the
 -- lock reserved for it when it re-checks. Entries whose expiry passed are dropped.
--- Returns the new holder's token, or false when the lock was deleted.
+-- Returns the new holder's token, or false when the lock was deleted; and, when the new holder is
+-- a waiter of the calling process (`here`, see next_waiter), its id: the caller must wake it.
 -- With claim_ms "0" (independent masters, Redlock) nothing is reserved: a lock held on a
 -- majority cannot be handed over by one master, so every live waiter is told to try again now.
 local function wake_all(queue_key, prefix, now)
@@ -154,7 +158,7 @@ local function wake_all(queue_key, prefix, now)
   end
 end
 
-local function hand_off(lock_key, fence_key, queue_key, prefix, trust, claim_ms)
+local function hand_off(lock_key, fence_key, queue_key, prefix, trust, claim_ms, here)
   if redis.call('LLEN', queue_key) == 0 then
     redis.call('DEL', lock_key)
     return false
@@ -165,7 +169,7 @@ local function hand_off(lock_key, fence_key, queue_key, prefix, trust, claim_ms)
     redis.call('DEL', lock_key)
     return false
   end
-  local w, o, l, m, token = next_waiter(queue_key, fence_key, prefix, trust, now)
+  local w, o, l, m, token, mine = next_waiter(queue_key, fence_key, prefix, trust, now, here)
   if not w then
     redis.call('DEL', lock_key)
     return false
@@ -175,6 +179,7 @@ local function hand_off(lock_key, fence_key, queue_key, prefix, trust, claim_ms)
   local lease = trust == '1' and l or tonumber(claim_ms)
   redis.call('SET', lock_key, record(o, 1, token, now, w, m), 'PX', lease)
   tell_next(queue_key, prefix, lease, now)
+  if mine then return token, w end
   return token
 end
 

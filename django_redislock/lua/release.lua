@@ -9,9 +9,12 @@
 -- ARGV[3] wake channel prefix "<ns>:wake:"
 -- ARGV[4] "1" when PUBLISH counts every subscriber (single Redis), else "0"
 -- ARGV[5] claim window of a hand-off, ms
+-- ARGV[6] the calling process's token ("" for none): a waiter of that process is handed the lock
+--         without a PUBLISH, and the caller wakes it (no message through Redis and back)
 --
 -- Returns -1 when the owner does not hold the lock (nothing is changed), else the hold count left
--- (0: released; a waiter, if any, now has it reserved).
+-- (0: released; a waiter, if any, now has it reserved); {0, waiter id, token} when it was handed
+-- to a waiter of the calling process (token -1: reserved only, the waiter claims it).
 
 local raw = redis.call('GET', KEYS[1])
 local pos = owner_end(raw, ARGV[1])
@@ -23,5 +26,7 @@ if ARGV[2] ~= '1' then
     return n - 1
   end
 end
-hand_off(KEYS[1], KEYS[2], KEYS[3], ARGV[3], ARGV[4], ARGV[5])
+local here = ARGV[6] ~= '' and ARGV[6] or nil
+local token, mine = hand_off(KEYS[1], KEYS[2], KEYS[3], ARGV[3], ARGV[4], ARGV[5], here)
+if mine then return {0, mine, ARGV[4] == '1' and token or -1} end
 return 0

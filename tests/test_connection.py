@@ -1,0 +1,257 @@
+"""``connection.DirectCommands`` and ``AsyncDirectCommands``: scripts on a kept connection, and
+every way that connection can go stale (server closed it, a timeout or a cancellation cut a
+reply, settings changed, the process forked)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.test import override_settings
+from redis.connection import BlockingConnectionPool
+
+from django_redislock import AsyncLock, Lock
+from django_redislock.connection import (
+    AsyncDirectCommands,
+    DirectCommands,
+    command_runner,
+    get_client,
+)
+
+
+@pytest.fixture
+def url() -> str:
+    return str(settings.CACHES["default"]["LOCATION"])
+
+
+@pytest.fixture
+def bounded(url: str) -> Iterator[redis.Redis]:
+    pool = BlockingConnectionPool.from_url(url, max_connections=16, timeout=0.5)
+    client = redis.Redis(connection_pool=pool)
+    yield client
+    pool.disconnect()
+
+
+def _checkouts(client: Any) -> list[int]:
+    """Count the pool's checkouts by this thread from now on (the pool itself is real; the
+    statistics flusher and the watchdog use it from threads of their own)."""
+    pool = client.connection_pool
+    counted = [0]
+    original = pool.get_connection
+    me = threading.get_ident()
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() == me:
+            counted[0] += 1
+        return original(*args, **kwargs)
+
+    pool.get_connection = counting
+    return counted
+
+
+def test_the_default_cache_runs_scripts_on_a_kept_connection():
+    client = get_client()
+    lock = Lock("direct")
+    assert isinstance(lock._spec().target.runner, DirectCommands)
+    for _ in range(20):  # kept connections earlier tests' CLIENT KILLs closed are replaced
+        lock.acquire()
+        lock.release()
+    counted = _checkouts(client)
+    try:
+        for _ in range(100):
+            lock.acquire()
+            lock.release()
+    finally:
+        del client.connection_pool.get_connection
+    assert counted[0] == 0
+
+
+def test_a_kept_connection_the_server_closed_is_replaced_without_an_error(redis_client):
+    lock = Lock("direct-killed")
+    lock.acquire()
+    lock.release()
+    runner = lock._spec().target.runner
+    assert runner._idle, "a connection is kept after a cycle"
+    killed = redis_client.execute_command("CLIENT KILL", "TYPE", "normal", "SKIPME", "yes")
+    assert int(killed) >= 1
+    lock.acquire()  # the kept connection is dead: one retry through the client itself
+    lock.release()
+    assert lock.hold_count == 0
+    assert redis_client.exists(f"{lock._spec().lock_key}") == 0
+
+
+def test_an_error_reply_keeps_the_connection_in_sync(bounded):
+    runner = DirectCommands(bounded)
+    with pytest.raises(redis.ResponseError):
+        runner.execute_command("EVALSHA", "0" * 40, 0)
+    assert runner.execute_command("PING") in (True, b"PONG", "PONG")
+    assert len(runner._idle) == 1
+
+
+def test_kept_connections_are_bounded_and_go_back_to_the_pool(bounded):
+    runner = DirectCommands(bounded)
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            barrier.wait()
+            for i in range(200):
+                assert int(runner.execute_command("ECHO", i)) == i
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert 1 <= len(runner._idle) <= 16 // 8
+    runner.close()
+    assert runner._idle == []
+    # Every connection of the pool can be checked out again: none is still kept aside.
+    taken = [bounded.connection_pool.get_connection() for _ in range(16)]
+    for conn in taken:
+        bounded.connection_pool.release(conn)
+    runner.execute_command("PING")  # a closed runner still works, but keeps nothing
+    assert runner._idle == []
+
+
+def test_a_settings_change_gives_kept_connections_back():
+    lock = Lock("direct-settings")
+    lock.acquire()
+    lock.release()
+    runner = lock._spec().target.runner
+    assert isinstance(runner, DirectCommands)
+    assert runner._idle
+    with override_settings(CACHES=dict(settings.CACHES)):
+        assert runner._idle == []
+        lock.acquire()
+        lock.release()
+        assert lock._spec().target.runner is not runner
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(
+            lambda url: redis.Redis.from_url(url, single_connection_client=True), id="single"
+        ),
+        pytest.param(lambda url: redis.Redis.from_url(url, protocol=3), id="resp3"),
+        pytest.param(
+            lambda url: redis.sentinel.Sentinel([("127.0.0.1", 1)]).master_for("m"), id="sentinel"
+        ),
+        pytest.param(lambda url: redis.StrictRedis.from_url(url), id="plain"),
+    ],
+)
+def test_only_a_plain_client_on_a_plain_pool_gets_a_direct_path(url, make):
+    import redis.sentinel
+
+    client = make(url)
+    runner = command_runner(client)
+    plain = type(client) is redis.Redis and client.connection is None
+    plain = plain and type(client.connection_pool).__name__ == "ConnectionPool"
+    plain = plain and str(client.connection_pool.connection_kwargs.get("protocol") or 2) == "2"
+    assert (runner is not client) == plain
+    if plain:
+        assert isinstance(runner, DirectCommands)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_never_uses_the_parents_kept_connection():
+    lock = Lock("direct-fork")
+    lock.acquire()
+    lock.release()
+    assert lock._spec().target.runner._idle
+    pid = os.fork()
+    if pid == 0:  # child: its own connections, while the parent keeps using its own
+        code = 1
+        try:
+            for _ in range(300):
+                Lock("direct-fork-child").acquire()
+                Lock("direct-fork-child").release()
+            code = 0
+        finally:
+            os._exit(code)
+    for _ in range(300):
+        lock.acquire()
+        lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_timeout_is_not_repeated_and_leaves_nothing_unread(url):
+    client = redis.Redis.from_url(url, socket_timeout=0.3)
+    runner = command_runner(client)
+    assert isinstance(runner, DirectCommands)
+    runner.execute_command("PING")
+    started = time.monotonic()
+    with pytest.raises(redis.TimeoutError):
+        runner.execute_command("BLPOP", "direct:nothing", 1)  # answers after 1 s
+    assert time.monotonic() - started < 0.6  # one socket timeout, not one per attempt
+    assert runner._idle == []
+    assert runner.execute_command("PING") == b"PONG"  # not the late BLPOP reply
+    client.connection_pool.disconnect()
+
+
+def test_the_async_face_runs_scripts_on_a_kept_connection():
+    async def main() -> tuple[int, Any]:
+        lock = AsyncLock("direct-async")
+        await lock.acquire()
+        await lock.release()
+        runner = await lock._arunner()
+        counted = _checkouts(runner.client)
+        for _ in range(100):
+            await lock.acquire()
+            await lock.release()
+        return counted[0], runner
+
+    checkouts, runner = asyncio.run(main())
+    assert isinstance(runner, AsyncDirectCommands)
+    assert checkouts == 0
+
+
+def test_an_async_command_cancelled_mid_reply_leaves_no_connection_out_of_sync(redis_client):
+    async def main() -> list[Any]:
+        lock = AsyncLock("direct-async-cancel")
+        await lock.acquire()
+        await lock.release()
+        runner = await lock._arunner()
+        assert runner._idle
+        # The kept connection is killed while idle: the next command still succeeds.
+        redis_client.execute_command("CLIENT KILL", "TYPE", "normal", "SKIPME", "yes")
+        await lock.acquire()
+        await lock.release()
+        task = asyncio.ensure_future(runner.execute_command("BLPOP", "direct:nothing", 1))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        replies = [await runner.execute_command("PING") for _ in range(3)]
+        await lock.acquire()
+        replies.append(lock.hold_count)
+        await lock.release()
+        return replies
+
+    assert asyncio.run(main()) == [b"PONG", b"PONG", b"PONG", 1]
+
+
+def test_a_due_health_check_runs_before_the_command_on_a_kept_connection(url):
+    client = redis.Redis.from_url(url, health_check_interval=1)
+    runner = command_runner(client)
+    assert isinstance(runner, DirectCommands)
+    assert runner.execute_command("ECHO", "first") == b"first"
+    kept = runner._idle[0]
+    time.sleep(1.1)  # the kept connection's health check is due: PING, then our command
+    assert runner.execute_command("ECHO", "second") == b"second"
+    assert runner._idle == [kept]
+    assert kept.next_health_check > time.monotonic()
+    client.connection_pool.disconnect()
