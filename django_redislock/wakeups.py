@@ -79,12 +79,12 @@ class Waiter:
             with contextlib.suppress(RuntimeError):
                 gate.release()
         elif self._loop is not None and self._future is not None:
-            if threading.get_ident() == self._thread:  # a task of its own loop hands over
-                _resolve(self._future)
-                return
             # A closed loop raises RuntimeError: nobody waits there any more.
             with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(_resolve, self._future)
+                if threading.get_ident() == self._thread:  # a task of its own loop hands over
+                    _resolve(self._future)
+                else:
+                    self._loop.call_soon_threadsafe(_resolve, self._future)
 
     def notify(
         self, *, handed: bool = False, token: int | None = None, recheck_in: float | None = None
