@@ -211,3 +211,13 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from tests.venvs import build_dists
 
     return build_dists(tmp_path_factory.mktemp("dist"))
+
+
+def hand_off_messages(spy: Any) -> list[str]:
+    """The hand-off messages (``h <waiter> ...``) a ``PSUBSCRIBE``d spy saw; closes it."""
+    seen = []
+    while (message := spy.get_message(timeout=0.2)) is not None:
+        if message["type"] == "pmessage":
+            seen.append(message["data"].decode())
+    spy.close()
+    return [m for m in seen if m.startswith("h ")]

@@ -26,7 +26,7 @@ from django_redislock import (
     signals,
 )
 from django_redislock.keys import keyspace
-from tests.conftest import wait_for
+from tests.conftest import hand_off_messages, wait_for
 
 
 def queue_length(redis_client, name: str) -> int:
@@ -549,9 +549,4 @@ def test_a_task_hands_over_to_a_task_of_its_loop_without_a_message(redis_client)
 
     got, released = asyncio.run(main())
     assert len(got) == 3 and got[0] - released < 0.5
-    seen = []
-    while (message := spy.get_message(timeout=0.2)) is not None:
-        if message["type"] == "pmessage":
-            seen.append(message["data"].decode())
-    spy.close()
-    assert not [m for m in seen if m.startswith("h ")], seen
+    assert hand_off_messages(spy) == []

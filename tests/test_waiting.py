@@ -21,7 +21,7 @@ import pytest
 
 from django_redislock import Lock, LockBackendError, engine
 from django_redislock.keys import keyspace
-from tests.conftest import ROOT, subprocess_env, wait_for
+from tests.conftest import ROOT, hand_off_messages, subprocess_env, wait_for
 
 
 def queue_length(redis_client, name: str) -> int:
@@ -298,9 +298,4 @@ def test_a_release_wakes_a_waiter_of_its_own_process_without_a_message(redis_cli
     assert [w.result for w in started] == [True] * waiters
     first = min(w.acquired_at or float("inf") for w in started)
     assert first - released < 0.5  # not the holder's 30 s lease, nor a re-check
-    seen = []
-    while (message := spy.get_message(timeout=0.2)) is not None:
-        if message["type"] == "pmessage":
-            seen.append(message["data"].decode())
-    spy.close()
-    assert not [m for m in seen if m.startswith("h ")], seen
+    assert hand_off_messages(spy) == []
