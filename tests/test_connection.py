@@ -140,29 +140,28 @@ def test_a_settings_change_gives_kept_connections_back():
 
 
 @pytest.mark.parametrize(
-    "make",
+    ("make", "direct"),
     [
         pytest.param(
-            lambda url: redis.Redis.from_url(url, single_connection_client=True), id="single"
+            lambda url: redis.Redis.from_url(url, single_connection_client=True), False, id="single"
         ),
-        pytest.param(lambda url: redis.Redis.from_url(url, protocol=3), id="resp3"),
+        pytest.param(lambda url: redis.Redis.from_url(url, protocol=3), False, id="resp3"),
         pytest.param(
-            lambda url: redis.sentinel.Sentinel([("127.0.0.1", 1)]).master_for("m"), id="sentinel"
+            lambda url: redis.sentinel.Sentinel([("127.0.0.1", 1)]).master_for("m"),
+            False,
+            id="sentinel",
         ),
-        pytest.param(lambda url: redis.StrictRedis.from_url(url), id="plain"),
+        pytest.param(lambda url: redis.Redis.from_url(url, max_connections=4), False, id="tiny"),
+        pytest.param(lambda url: redis.Redis.from_url(url), True, id="plain"),
     ],
 )
-def test_only_a_plain_client_on_a_plain_pool_gets_a_direct_path(url, make):
-    import redis.sentinel
+def test_only_a_plain_client_on_a_plain_pool_gets_a_direct_path(url, make, direct):
+    import redis.sentinel  # noqa: F401
 
     client = make(url)
     runner = command_runner(client)
-    plain = type(client) is redis.Redis and client.connection is None
-    plain = plain and type(client.connection_pool).__name__ == "ConnectionPool"
-    plain = plain and str(client.connection_pool.connection_kwargs.get("protocol") or 2) == "2"
-    assert (runner is not client) == plain
-    if plain:
-        assert isinstance(runner, DirectCommands)
+    assert isinstance(runner, DirectCommands) is direct
+    assert (runner is client) is not direct
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
