@@ -210,7 +210,7 @@ def test_a_forked_child_does_not_count_its_parents_figures_again():
     if pid == 0:  # child: must start empty, and record its own events
         status = 0
         try:
-            if stats._pending or stats._flusher is not None:
+            if stats._pending or stats._events or stats._flusher is not None:
                 status = 3
             stats.record(None, "forked", "acquired")
             stats.flush()
@@ -458,3 +458,38 @@ def test_record_reads_the_stats_setting_once_and_again_after_a_change(monkeypatc
         stats.record(None, "cached", "skipped")  # read again after the change: now off
     assert looked_up == [1]
     assert figures("cached").skipped == 101
+
+
+def test_events_recorded_while_figures_are_flushed_are_all_counted(monkeypatch):
+    """``record`` appends without a lock while ``flush`` folds the list: none may be lost, also
+    when the list is folded by the recording threads themselves (a tiny ``MAX_EVENTS``)."""
+    monkeypatch.setattr(stats, "MAX_EVENTS", 50)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: races show up
+    threads, per_thread = 8, 3000
+    done = threading.Event()
+
+    def record() -> None:
+        for _ in range(per_thread):
+            stats.record(None, "racing", "acquired", 0.001)
+            stats.record(None, "racing", "released", 0.002)
+
+    def flush() -> None:
+        while not done.is_set():
+            stats.flush()
+
+    try:
+        flusher = threading.Thread(target=flush)
+        flusher.start()
+        workers = [threading.Thread(target=record) for _ in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        done.set()
+        flusher.join()
+    finally:
+        sys.setswitchinterval(interval)
+    stats.flush()
+    s = figures("racing")
+    assert (s.acquired, s.released) == (threads * per_thread, threads * per_thread)
