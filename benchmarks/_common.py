@@ -60,6 +60,8 @@ REDIS_PY_SLOW = "redis-py Lock sleep=0.1"
 REDIS_PY_FAST = "redis-py Lock sleep=0.001"
 PRL = "python-redis-lock"
 PING2 = "2 x PING"
+EMPTY_SCRIPTS = "2 x EVALSHA empty"
+MINIMAL_LUA = "minimal Lua lock"
 
 #: Lease of every peer's lock, seconds (our default ``TIMEOUT``; peers get the same).
 LEASE = 30

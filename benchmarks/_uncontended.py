@@ -5,13 +5,20 @@ each peer, in an order rotated from round to round, so load from elsewhere on th
 on all peers alike; ratios are taken round by round between blocks measured within milliseconds
 of each other and then summarised per run (median of the round ratios).
 
-Besides the three libraries, two reference rows locate our cost:
+Besides the three libraries, reference rows locate our cost:
 
 - ``2 x PING``: the floor of any two-round-trip protocol on this client and server;
 - ``django-redislock scripts only``: our acquire and release scripts called directly with
   prepared arguments (``EVALSHA`` x 2, no engine code), i.e. what our Lua and its arguments cost.
   The gap between it and ``django-redislock`` is the Python engine (validation, hold table,
-  watchdog registration, statistics).
+  watchdog registration, statistics);
+- ``2 x EVALSHA empty``: a script whose body is ``return 1``, called twice with our exact keys
+  and arguments: what running *any* two scripts with them costs Redis (the floor of our Redis
+  command time and CPU while a lock is a script);
+- ``minimal Lua lock``: the smallest correct script lock (set-if-free with a lease; compare
+  and delete), one key and two arguments like redis-py's release: what moving redis-py's
+  ``SET NX`` into a script costs, before any feature (fencing token, re-entrancy, queue,
+  holder record).
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ PEERS = (
     c.REDIS_PY,
     c.PRL,
     c.PING2,
+    c.EMPTY_SCRIPTS,
+    c.MINIMAL_LUA,
 )
 WARMUP = 5  # untimed cycles at the start of every block (rebuilt caches after a settings swap)
 
@@ -62,6 +71,12 @@ def _peer_cycles(conn: Any) -> dict[str, tuple[Callable[[], None], Callable[[], 
         if peer == c.OURS_SCRIPTS:
             cycles[peer] = (_scripts_only(f"bench:uc:{i}"), contextlib.nullcontext)
             continue
+        if peer == c.EMPTY_SCRIPTS:
+            cycles[peer] = (_scripts_only(f"bench:uc:{i}", empty=True), contextlib.nullcontext)
+            continue
+        if peer == c.MINIMAL_LUA:
+            cycles[peer] = (_minimal_lua(conn, f"bench:uc:{i}"), contextlib.nullcontext)
+            continue
         lock = c.make_lock(peer, f"bench:uc:{i}", conn)
 
         def cycle(lock: Any = lock) -> None:
@@ -72,11 +87,12 @@ def _peer_cycles(conn: Any) -> dict[str, tuple[Callable[[], None], Callable[[], 
     return cycles
 
 
-def _scripts_only(name: str) -> Callable[[], None]:
+def _scripts_only(name: str, *, empty: bool = False) -> Callable[[], None]:
     """Our two scripts with the exact arguments ``Lock`` sends, minus all engine code.
 
     Built from the engine's own call builders (private API: this is a benchmark of the engine),
-    so the arguments stay what a real ``Lock`` sends.
+    so the arguments stay what a real ``Lock`` sends. ``empty``: the same calls to a script
+    that only returns (the floor of any script called with these arguments).
     """
     from django_redislock import Lock, holds, scripts
 
@@ -88,11 +104,47 @@ def _scripts_only(name: str) -> Callable[[], None]:
     client = spec.target.runner  # what Lock's scripts run through
     keys, a_args, r_args = spec.script_keys, acquire.args, release.args
     run_acquire, run_release = scripts.ACQUIRE, scripts.RELEASE
+    if empty:
+        sha = spec.target.client.script_load("return 1")
+        acquire_args = ("EVALSHA", sha, len(keys), *keys, *a_args)
+        release_args = ("EVALSHA", sha, len(keys), *keys, *r_args)
+        run = client.execute_command
+
+        def empty_cycle() -> None:
+            run(*acquire_args)
+            run(*release_args)
+
+        return empty_cycle
 
     def cycle() -> None:
         state = run_acquire(client, keys, a_args)
         if int(state[0]) != 1 or int(run_release(client, keys, r_args)) != 0:
             raise RuntimeError("scripts-only cycle did not acquire and release")
+
+    return cycle
+
+
+#: The smallest correct script lock (see the module docstring).
+_MINIMAL_ACQUIRE = (
+    "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end return 0"
+)
+_MINIMAL_RELEASE = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+)
+
+
+def _minimal_lua(conn: Any, name: str) -> Callable[[], None]:
+    from django_redislock import connection
+
+    runner = connection.command_runner(conn)  # the kept connection our scripts use
+    lease_ms = c.LEASE * 1000
+    acquire = ("EVALSHA", conn.script_load(_MINIMAL_ACQUIRE), 1, name, "owner-token", lease_ms)
+    release = ("EVALSHA", conn.script_load(_MINIMAL_RELEASE), 1, name, "owner-token")
+    run = runner.execute_command
+
+    def cycle() -> None:
+        if run(*acquire) != 1 or run(*release) != 1:
+            raise RuntimeError("minimal Lua cycle did not acquire and release")
 
     return cycle
 
@@ -443,6 +495,8 @@ _LABELS = {
     c.REDIS_PY: "redis-py `Lock`",
     c.PRL: "python-redis-lock",
     c.PING2: "floor: 2 x PING",
+    c.EMPTY_SCRIPTS: "floor: 2 x EVALSHA of `return 1`, our keys and arguments",
+    c.MINIMAL_LUA: "floor: minimal Lua lock (SET NX PX script; GET+DEL script)",
 }
 
 

@@ -131,6 +131,8 @@ def test_quick_run_of_every_section(tmp_path: Path) -> None:
     assert len(results["manykeys"]["per_run"]) == plan["mk_runs"]
     assert len(results["asyncio"]["contended"]["per_run"]) == plan["aio_c_runs"]
     assert results["uncontended"]["round_trips"]["django-redislock"] == 2
+    for floor in ("2 x EVALSHA empty", "minimal Lua lock"):  # reference rows: 2 scripts each
+        assert results["uncontended"]["client_sent"][floor] == {"evalsha": 2}, floor
     for run in results["contended"]["per_run"]:
         assert run["django-redislock"]["overlaps"] == 0
     assert results["watchdog"]["lost"] == 0
