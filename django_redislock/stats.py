@@ -306,7 +306,8 @@ def record(
     events = _events
     events.append(((using, stats_name), event, seconds, contended, time.time()))
     if len(events) >= MAX_EVENTS:
-        _wake.set()
+        if not _wake.is_set():  # set() takes a Condition's lock: only once per backlog
+            _wake.set()
         if len(events) >= 4 * MAX_EVENTS:
             with _mutex:
                 _fold()
