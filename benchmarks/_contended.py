@@ -19,6 +19,7 @@ An *overlap* (the next holder's ``acquire()`` returned before the previous holde
 from __future__ import annotations
 
 import random
+import statistics
 import threading
 import time
 from collections.abc import Sequence
@@ -66,6 +67,85 @@ def loop(peer: str, key: str, t_start: float, t_end: float, grace: float) -> dic
         "commands": dict(c.COUNTER.commands),
         "round_trips": c.COUNTER.round_trips,
     }
+
+
+#: Wake-up paths of the hand-off floor (section 2b): how a waiting process learns "your turn".
+RELAY_THREAD = "PUBLISH, read by a listener thread that opens the waiting thread's gate"
+RELAY_DIRECT = "PUBLISH, read by the waiting thread itself"
+RELAY_BLPOP = "RPUSH, the waiting thread blocked in BLPOP"
+RELAY_MODES = (RELAY_THREAD, RELAY_DIRECT, RELAY_BLPOP)
+
+
+def relay(
+    mode: str, position: int, procs: int, key: str, t_start: float, t_end: float, warm: float
+) -> dict[str, Any]:
+    """One process of a relay block: wait for the token, pass it to the next process, repeat.
+
+    No lock at all: each pass is one command (the ``PUBLISH`` or ``RPUSH`` to the next process)
+    and one wake-up of the next process, the least a queue-based hand-off between processes
+    does. ``mode`` picks the wake-up path (see :data:`RELAY_MODES`).
+    """
+    import redis
+
+    conn = redis.Redis.from_url(f"{c.WORKER['url']}/0", socket_timeout=5)
+    mine, following = f"{key}:{position}", f"{key}:{(position + 1) % procs}"
+    stop = threading.Event()
+    gate = threading.Lock()
+    gate.acquire()
+    pubsub: Any = None
+    listener: threading.Thread | None = None
+    if mode != RELAY_BLPOP:
+        pubsub = conn.pubsub()
+        pubsub.subscribe(mine)
+        while (m := pubsub.get_message(timeout=1.0)) is None or m["type"] != "subscribe":
+            pass
+    if mode == RELAY_THREAD:
+
+        def listen() -> None:
+            while not stop.is_set():
+                message = pubsub.get_message(timeout=0.05)
+                if message is not None and message["type"] == "message":
+                    gate.release()
+
+        listener = threading.Thread(target=listen, daemon=True)
+        listener.start()
+
+    def wait() -> bool:
+        if mode == RELAY_THREAD:
+            return gate.acquire(timeout=0.05)
+        if mode == RELAY_DIRECT:
+            message = pubsub.get_message(timeout=0.05)
+            return message is not None and message["type"] == "message"
+        return conn.blpop([mine], timeout=0.05) is not None
+
+    def pass_on() -> None:
+        if mode == RELAY_BLPOP:
+            conn.rpush(following, 1)
+        else:
+            conn.publish(following, "t")
+
+    clock = time.perf_counter
+    counted_from = t_start + warm
+    received = 0
+    c.sleep_until(t_start)
+    cpu = time.process_time()
+    if position == 0:
+        pass_on()
+    while clock() < t_end:
+        if not wait():
+            continue
+        if clock() >= counted_from:
+            received += 1
+        pass_on()
+    cpu = time.process_time() - cpu
+    stop.set()
+    if listener is not None:
+        listener.join()
+    if pubsub is not None:
+        pubsub.close()
+    conn.delete(mine)
+    conn.close()
+    return {"received": received, "cpu_s": cpu}
 
 
 def many_keys(
@@ -170,6 +250,110 @@ def run_contended(
         "per_run": per_run,
         "detail": raw,
     }
+
+
+def run_relay(
+    pool: c.WorkerPool,
+    probe: c.ServerProbe,
+    workers: list[int],
+    runs: int,
+    rounds: int,
+    duration: float,
+    warm: float,
+) -> dict[str, Any]:
+    """Section 2b: the hand-off floor of each wake-up path, interleaved like section 2."""
+    procs = len(workers)
+    per_run: list[dict[str, dict[str, float]]] = []
+    for run_index in range(runs):
+        passes: dict[str, list[float]] = {m: [] for m in RELAY_MODES}
+        redis_cpu: dict[str, list[float]] = {m: [] for m in RELAY_MODES}
+        client_cpu: dict[str, list[float]] = {m: [] for m in RELAY_MODES}
+        for r in range(rounds):
+            shift = (run_index * rounds + r) % len(RELAY_MODES)
+            for mode in RELAY_MODES[shift:] + RELAY_MODES[:shift]:
+                key = f"bench:relay:{run_index}:{r}:{RELAY_MODES.index(mode)}"
+                t_start = time.perf_counter() + 0.3
+                t_end = t_start + warm + duration
+                with probe.measure() as srv:
+                    replies = pool.call_many(
+                        [(worker, "benchmarks._contended:relay", {
+                            "mode": mode, "position": position, "procs": procs, "key": key,
+                            "t_start": t_start, "t_end": t_end, "warm": warm,
+                        }) for position, worker in enumerate(workers)],
+                        timeout=warm + duration + 120,
+                    )  # fmt: skip
+                received = sum(reply["received"] for reply in replies)
+                passes[mode].append(received / duration)
+                if received:
+                    # Whole block (warm-up included) over counted passes: an upper bound.
+                    redis_cpu[mode].append(srv["cpu_s"] / received * 1e6)
+                    client_cpu[mode].append(
+                        sum(reply["cpu_s"] for reply in replies) / received * 1e6
+                    )
+        per_run.append(
+            {
+                mode: {
+                    "passes_per_s": statistics.median(passes[mode]),
+                    "redis_cpu_us": statistics.median(redis_cpu[mode] or [float("nan")]),
+                    "client_cpu_us": statistics.median(client_cpu[mode] or [float("nan")]),
+                }
+                for mode in RELAY_MODES
+            }
+        )
+    return {
+        "modes": list(RELAY_MODES),
+        "procs": procs,
+        "runs": runs,
+        "rounds": rounds,
+        "duration": duration,
+        "per_run": per_run,
+    }
+
+
+def relay_tables(res: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]]]:
+    rows = []
+    base = [run[RELAY_THREAD]["passes_per_s"] for run in res["per_run"]]
+    for mode in res["modes"]:
+        s = c.spreads([run[mode] for run in res["per_run"]])
+        ratio = c.Spread.of(
+            [
+                run[mode]["passes_per_s"] / b if b else float("nan")
+                for run, b in zip(res["per_run"], base, strict=True)
+            ]
+        )
+        rows.append(
+            [
+                mode,
+                s["passes_per_s"].fmt(0),
+                ratio.fmt(2, f"{X}"),
+                s["redis_cpu_us"].fmt(0),
+                s["client_cpu_us"].fmt(0),
+            ]
+        )
+    headers = [
+        "wake-up path",
+        "passes/s",
+        f"{X} listener thread",
+        "Redis CPU µs/pass",
+        "client CPU µs/pass",
+    ]
+    title = (
+        f"2b. Hand-off floor: a token passed round {res['procs']} processes, no lock "
+        "(one command + one wake-up per pass)"
+    )
+    return {title: (headers, rows)}
+
+
+def relay_notes(res: dict[str, Any]) -> list[str]:
+    return [
+        f"{res['runs']} runs x {res['rounds']} rounds x {res['duration']:g} s per path, paths "
+        f"interleaved; figures: median of the runs (min{DASH}max). CPU per pass: the whole "
+        "block (warm-up included) over the passes counted after it.",
+        "A lock hand-off between processes does at least this: the release is the command, the "
+        "next holder's wake-up the rest. django-redislock wakes waiters by the first path (one "
+        "subscribed connection per process, however many threads and tasks wait); "
+        "python-redis-lock by the third (one blocked connection per waiting thread).",
+    ]
 
 
 def empty() -> dict[str, Any]:

@@ -66,6 +66,7 @@ class Plan:
     c_runs: int = 3
     c_rounds: int = 4
     c_duration: float = 2.0
+    relay_rounds: int = 2
     warm: float = 0.3
     grace: float = 1.0
     mk_procs: int = 4
@@ -133,6 +134,7 @@ QUICK = Plan(
     count_cycles=20,
     c_runs=2,
     c_rounds=1,
+    relay_rounds=1,
     c_duration=0.3,
     warm=0.1,
     grace=0.5,
@@ -288,6 +290,20 @@ class Run:
             self.checks.append((f"contended: mutual exclusion held ({peer})", overlaps == 0))
         stuck = sum(run[c.OURS]["stalls"] + run[c.OURS]["failures"] for run in res["per_run"])
         self.checks.append((f"contended: no stall > 1 s, no timeout ({c.OURS})", stuck == 0))
+        relay = _contended.run_relay(
+            self.pool,
+            self.probe,
+            self.pool.shared(p.procs),
+            p.c_runs,
+            p.relay_rounds,
+            p.c_duration,
+            p.warm,
+        )
+        res["relay"] = relay
+        self._emit("contended", _contended.relay_tables(relay), _contended.relay_notes(relay))
+        for mode in relay["modes"]:
+            moved = all(run[mode]["passes_per_s"] > 0 for run in relay["per_run"])
+            self.checks.append((f"hand-off floor: the token went round ({mode})", moved))
 
     def manykeys(self) -> None:
         p = self.plan

@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.bench]  # `make test-bench`, a CI st
 TITLES = (
     "#### 1.",
     "#### 2.",
+    "#### 2b.",
     "#### 3.",
     "#### 4.",
     "#### 5.",
@@ -135,6 +136,10 @@ def test_quick_run_of_every_section(tmp_path: Path) -> None:
         assert results["uncontended"]["client_sent"][floor] == {"evalsha": 2}, floor
     for run in results["contended"]["per_run"]:
         assert run["django-redislock"]["overlaps"] == 0
+    relay = results["contended"]["relay"]
+    assert len(relay["modes"]) == 3 and len(relay["per_run"]) == plan["c_runs"]
+    for run in relay["per_run"]:  # the token went round by every wake-up path
+        assert all(run[mode]["passes_per_s"] > 0 for mode in relay["modes"]), run
     assert results["watchdog"]["lost"] == 0
     assert results["memory"]["peers"]["django-redislock"]["held_keys_per_lock"] > 0
 
