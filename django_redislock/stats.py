@@ -339,12 +339,7 @@ def _fold() -> None:
             if seconds > tally.wait_max:
                 tally.wait_max = seconds
             tally.wait_buckets[bisect_left(BUCKETS, seconds)] += 1
-            minute = int(now // 60)
-            slot = tally.minutes.get(minute)
-            if slot is None:
-                tally.minutes[minute] = [1, 0]
-            else:
-                slot[0] += 1
+            _per_minute(tally, now, 0)
         elif event == "released":
             tally.released += 1
             tally.hold_total += seconds
@@ -353,14 +348,18 @@ def _fold() -> None:
             tally.hold_buckets[bisect_left(BUCKETS, seconds)] += 1
         elif event == "failed":
             tally.failed += 1
-            minute = int(now // 60)
-            slot = tally.minutes.get(minute)
-            if slot is None:
-                tally.minutes[minute] = [0, 1]
-            else:
-                slot[1] += 1
+            _per_minute(tally, now, 1)
         else:
             setattr(tally, event, getattr(tally, event) + 1)
+
+
+def _per_minute(tally: _Tally, now: float, column: int) -> None:
+    """Count one acquisition (``column`` 0) or failure (1) in the minute of ``now``."""
+    minute = int(now // 60)
+    slot = tally.minutes.get(minute)
+    if slot is None:
+        slot = tally.minutes[minute] = [0, 0]
+    slot[column] += 1
 
 
 def connect_receivers() -> None:
