@@ -347,6 +347,40 @@ def make_async_client(client: Any) -> Any:
 _PACKABLE = frozenset({str, bytes, int})
 
 
+def _hiredis_packed(pack: Callable[[tuple[Any, ...]], bytes], args: tuple[Any, ...]) -> list[bytes]:
+    """``args`` packed by hiredis as redis-py's packers do ("SCRIPT LOAD" is two arguments).
+    Only for arguments of the :data:`_PACKABLE` types."""
+    name = args[0].encode() if isinstance(args[0], str) else args[0]
+    return [pack((*name.split(), *args[1:]))]
+
+
+@functools.cache
+def _sync_packer() -> tuple[type | None, Callable[[tuple[Any, ...]], bytes] | None]:
+    """redis-py's hiredis packer class, and hiredis' ``pack_command`` (``None`` without either)."""
+    from redis import connection as sync_connection
+
+    serializer = getattr(sync_connection, "HiredisRespSerializer", None)
+    try:
+        from hiredis import pack_command
+    except ImportError:
+        return None, None
+    return serializer, pack_command
+
+
+def _pack(conn: Any, args: tuple[Any, ...]) -> Any:
+    """``conn.pack_command(*args)``, without redis-py's per-argument conversion pass (a generator
+    over every argument: ≈ 1.2 µs of a script call with our 16 arguments) when the connection
+    packs with hiredis anyway and every argument is of a type hiredis packs identically."""
+    serializer, pack = _sync_packer()
+    if (
+        pack is not None
+        and type(getattr(conn, "_command_packer", None)) is serializer
+        and _PACKABLE.issuperset(map(type, args))
+    ):
+        return _hiredis_packed(pack, args)
+    return conn.pack_command(*args)
+
+
 @functools.cache
 def _lean(connection_class: type) -> type:
     """``connection_class`` without two per-command costs of ``redis.asyncio`` connections.
@@ -388,9 +422,7 @@ def _lean(connection_class: type) -> type:
                 or not _PACKABLE.issuperset(map(type, args))
             ):
                 return super().pack_command(*args)  # type: ignore[no-any-return]
-            # As redis-py's packers: "SCRIPT LOAD" is two arguments.
-            name = args[0].encode() if isinstance(args[0], str) else args[0]
-            return [pack((*name.split(), *args[1:]))]
+            return _hiredis_packed(pack, args)
 
     LeanConnection.__name__ = LeanConnection.__qualname__ = "Lean" + connection_class.__name__
     return LeanConnection
@@ -606,7 +638,7 @@ class DirectCommands(_KeptConnections):
                 conn = self._idle.pop()
             except IndexError:  # none kept (or another thread took it): the pool's
                 conn = self.pool.get_connection(*self._checkout_args)
-            conn.send_packed_command(conn.pack_command(*args))
+            conn.send_packed_command(_pack(conn, args))
             reply = conn.read_response()
         except BaseException as exc:
             drop, retry = self._settle(conn, exc)

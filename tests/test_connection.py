@@ -254,3 +254,32 @@ def test_a_due_health_check_runs_before_the_command_on_a_kept_connection(url):
     assert runner._idle == [kept]
     assert kept.next_health_check > time.monotonic()
     client.connection_pool.disconnect()
+
+
+def test_the_direct_path_packs_exactly_as_redis_py():
+    """Scripts on kept connections are packed by hiredis directly (no per-argument pass of
+    redis-py's packer) into the very bytes redis-py sends; other argument types keep redis-py's
+    packer."""
+    pytest.importorskip("hiredis")
+    from redis.connection import Connection
+
+    from django_redislock.connection import _pack
+
+    class NotPackedHere(Connection):
+        def pack_command(self, *args: Any) -> list[bytes]:
+            raise AssertionError("redis-py's packer was used")
+
+    conn, bypassed = Connection(), NotPackedHere()
+    for args in (
+        ("EVALSHA", "a" * 40, 3, "k:1", "k:2", "k:3", "owner-1", 60000, '{"m":"é"}', ""),
+        ("SCRIPT LOAD", "return 1"),
+        (b"SCRIPT LOAD", b"return 1"),
+        ("SET", b"\x00\xff", -1),
+    ):
+        assert b"".join(_pack(bypassed, args)) == b"".join(conn.pack_command(*args))
+    others: list[tuple[Any, ...]] = [("SET", "k", 1.5), ("SET", "k", bytearray(b"v"))]
+    others.append(("SET", "k", memoryview(b"v")))
+    for other in others:  # types hiredis would pack differently: redis-py's packer
+        assert b"".join(_pack(conn, other)) == b"".join(conn.pack_command(*other))
+        with pytest.raises(AssertionError):
+            _pack(bypassed, other)
