@@ -29,7 +29,9 @@ from benchmarks import _common as c
 from benchmarks._common import DASH, X
 
 CONTENDED_PEERS = (c.OURS, c.PRL, c.REDIS_PY_SLOW, c.REDIS_PY_FAST)
-MANY_KEYS_PEERS = (c.OURS, c.REDIS_PY_FAST, c.PRL)
+MANY_KEYS_PEERS = (c.OURS, c.REDIS_PY_FAST, c.PRL, c.PING2, c.MINIMAL_LUA)
+#: Reference rows of section 3: no lock object, just the round trips (see :func:`many_keys`).
+MANY_KEYS_FLOORS = (c.PING2, c.MINIMAL_LUA)
 #: An acquisition that waited longer than this counts as a stall (a lost hand-off, a long poll).
 STALL_S = 1.0
 
@@ -73,7 +75,8 @@ def loop(peer: str, key: str, t_start: float, t_end: float, grace: float) -> dic
 RELAY_THREAD = "PUBLISH, read by a listener thread that opens the waiting thread's gate"
 RELAY_DIRECT = "PUBLISH, read by the waiting thread itself"
 RELAY_BLPOP = "RPUSH, the waiting thread blocked in BLPOP"
-RELAY_MODES = (RELAY_THREAD, RELAY_DIRECT, RELAY_BLPOP)
+RELAY_ASK = "as the first, and the passing process asks again (+1 PING)"
+RELAY_MODES = (RELAY_THREAD, RELAY_DIRECT, RELAY_BLPOP, RELAY_ASK)
 
 
 def relay(
@@ -83,7 +86,9 @@ def relay(
 
     No lock at all: each pass is one command (the ``PUBLISH`` or ``RPUSH`` to the next process)
     and one wake-up of the next process, the least a queue-based hand-off between processes
-    does. ``mode`` picks the wake-up path (see :data:`RELAY_MODES`).
+    does. ``mode`` picks the wake-up path (see :data:`RELAY_MODES`). :data:`RELAY_ASK` adds
+    what a lock loop adds to that: the process that passed the token asks for it again at once
+    (a ``PING`` here, the cheapest round trip; a lock's next ``acquire``, which queues).
     """
     import redis
 
@@ -99,7 +104,7 @@ def relay(
         pubsub.subscribe(mine)
         while (m := pubsub.get_message(timeout=1.0)) is None or m["type"] != "subscribe":
             pass
-    if mode == RELAY_THREAD:
+    if mode in (RELAY_THREAD, RELAY_ASK):
 
         def listen() -> None:
             while not stop.is_set():
@@ -111,7 +116,7 @@ def relay(
         listener.start()
 
     def wait() -> bool:
-        if mode == RELAY_THREAD:
+        if mode in (RELAY_THREAD, RELAY_ASK):
             return gate.acquire(timeout=0.05)
         if mode == RELAY_DIRECT:
             message = pubsub.get_message(timeout=0.05)
@@ -123,6 +128,8 @@ def relay(
             conn.rpush(following, 1)
         else:
             conn.publish(following, "t")
+        if mode == RELAY_ASK:
+            conn.ping()
 
     clock = time.perf_counter
     counted_from = t_start + warm
@@ -161,10 +168,14 @@ def many_keys(
 ) -> dict[str, Any]:
     """One process of a many-keys block: ``threads`` threads, a random key per operation.
 
-    An operation is what application code does: build the lock object, acquire, release.
+    An operation is what application code does: build the lock object, acquire, release. The
+    floor rows do only the round trips of a cycle through the same pool: two ``PING`` (the least
+    any lock with two round trips per cycle costs on this client, with the same threads and
+    cores), or the smallest correct script lock on the random key.
     """
     conn = c.client()
     clock = time.perf_counter
+    floor = _floor_op(peer, conn)
     latencies: list[list[float]] = [[] for _ in range(threads)]
     counts = [[0, 0, 0, 0] for _ in range(threads)]  # ops in window, failures, stalls, all ops
 
@@ -176,11 +187,17 @@ def many_keys(
             t0 = clock()
             if t0 >= t_end:
                 return
-            lock = c.make_lock(peer, f"{prefix}:{rng.randrange(keys)}", conn)
-            if not c.acquire_within(peer, lock, t_end + grace - t0):
-                count[1] += 1
-                continue
-            lock.release()
+            name = f"{prefix}:{rng.randrange(keys)}"
+            if floor is not None:
+                if not floor(name, t_end + grace):
+                    count[1] += 1
+                    continue
+            else:
+                lock = c.make_lock(peer, name, conn)
+                if not c.acquire_within(peer, lock, t_end + grace - t0):
+                    count[1] += 1
+                    continue
+                lock.release()
             took = clock() - t0
             count[3] += 1
             if took > STALL_S:
@@ -203,6 +220,35 @@ def many_keys(
         "all_ops": sum(x[3] for x in counts),
         "cpu_s": time.process_time() - cpu,
     }
+
+
+def _floor_op(peer: str, conn: Any) -> Any:
+    """The operation of a floor row of section 3 (``None``: a lock peer)."""
+    if peer == c.PING2:
+
+        def ping2(name: str, deadline: float) -> bool:
+            conn.ping()
+            conn.ping()
+            return True
+
+        return ping2
+    if peer == c.MINIMAL_LUA:
+        from benchmarks._uncontended import MINIMAL_ACQUIRE, MINIMAL_RELEASE
+
+        acquire = conn.register_script(MINIMAL_ACQUIRE)
+        release = conn.register_script(MINIMAL_RELEASE)
+        lease_ms = c.LEASE * 1000
+        token = f"{c.WORKER.get('index', 0)}.{threading.get_ident()}"
+
+        def minimal(name: str, deadline: float) -> bool:
+            # Busy (another thread holds this key, rare with 1,000 keys): try again at once.
+            while acquire(keys=[name], args=[token, lease_ms]) != 1:
+                if time.perf_counter() > deadline:
+                    return False
+            return bool(release(keys=[name], args=[token]))
+
+        return minimal
+    return None
 
 
 # -- orchestration (parent process) ---------------------------------------------------------------
@@ -353,6 +399,10 @@ def relay_notes(res: dict[str, Any]) -> list[str]:
         "next holder's wake-up the rest. django-redislock wakes waiters by the first path (one "
         "subscribed connection per process, however many threads and tasks wait); "
         "python-redis-lock by the third (one blocked connection per waiting thread).",
+        "The last row is the floor of a lock loop like section 2's: a holder that releases "
+        "(the pass) asks for the lock again at once, one more round trip per hand-off that "
+        "competes for the same cores (django-redislock: its next acquire, which queues; "
+        "python-redis-lock: a failed SET NX and a BLPOP).",
     ]
 
 

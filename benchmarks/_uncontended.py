@@ -125,10 +125,10 @@ def _scripts_only(name: str, *, empty: bool = False) -> Callable[[], None]:
 
 
 #: The smallest correct script lock (see the module docstring).
-_MINIMAL_ACQUIRE = (
+MINIMAL_ACQUIRE = (
     "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end return 0"
 )
-_MINIMAL_RELEASE = (
+MINIMAL_RELEASE = (
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 )
 
@@ -138,8 +138,8 @@ def _minimal_lua(conn: Any, name: str) -> Callable[[], None]:
 
     runner = connection.command_runner(conn)  # the kept connection our scripts use
     lease_ms = c.LEASE * 1000
-    acquire = ("EVALSHA", conn.script_load(_MINIMAL_ACQUIRE), 1, name, "owner-token", lease_ms)
-    release = ("EVALSHA", conn.script_load(_MINIMAL_RELEASE), 1, name, "owner-token")
+    acquire = ("EVALSHA", conn.script_load(MINIMAL_ACQUIRE), 1, name, "owner-token", lease_ms)
+    release = ("EVALSHA", conn.script_load(MINIMAL_RELEASE), 1, name, "owner-token")
     run = runner.execute_command
 
     def cycle() -> None:

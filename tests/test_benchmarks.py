@@ -130,6 +130,9 @@ def test_quick_run_of_every_section(tmp_path: Path) -> None:
     assert len(results["uncontended"]["per_run"]) == plan["uc_runs"]
     assert len(results["contended"]["per_run"]) == plan["c_runs"]
     assert len(results["manykeys"]["per_run"]) == plan["mk_runs"]
+    for run in results["manykeys"]["per_run"]:  # the floor rows did operations, none failed
+        for floor in ("2 x PING", "minimal Lua lock"):
+            assert run[floor]["ops_per_s"] > 0 and run[floor]["failures"] == 0, floor
     assert len(results["asyncio"]["contended"]["per_run"]) == plan["aio_c_runs"]
     assert results["uncontended"]["round_trips"]["django-redislock"] == 2
     for floor in ("2 x EVALSHA empty", "minimal Lua lock"):  # reference rows: 2 scripts each
@@ -137,7 +140,7 @@ def test_quick_run_of_every_section(tmp_path: Path) -> None:
     for run in results["contended"]["per_run"]:
         assert run["django-redislock"]["overlaps"] == 0
     relay = results["contended"]["relay"]
-    assert len(relay["modes"]) == 3 and len(relay["per_run"]) == plan["c_runs"]
+    assert len(relay["modes"]) == 4 and len(relay["per_run"]) == plan["c_runs"]
     for run in relay["per_run"]:  # the token went round by every wake-up path
         assert all(run[mode]["passes_per_s"] > 0 for mode in relay["modes"]), run
     assert results["watchdog"]["lost"] == 0
