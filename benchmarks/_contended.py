@@ -28,7 +28,12 @@ from typing import Any
 from benchmarks import _common as c
 from benchmarks._common import DASH, X
 
-CONTENDED_PEERS = (c.OURS, c.PRL, c.REDIS_PY_SLOW, c.REDIS_PY_FAST)
+#: Section 2's rows with the processes forked from one parent instead of spawned (see
+#: :func:`forked`): how Celery's prefork pool and gunicorn start theirs.
+FORKED = ", forked processes"
+OURS_FORKED = c.OURS + FORKED
+PRL_FORKED = c.PRL + FORKED
+CONTENDED_PEERS = (c.OURS, c.PRL, c.REDIS_PY_SLOW, c.REDIS_PY_FAST, OURS_FORKED, PRL_FORKED)
 MANY_KEYS_PEERS = (c.OURS, c.REDIS_PY_FAST, c.PRL, c.PING2, c.MINIMAL_LUA)
 #: Reference rows of section 3: no lock object, just the round trips (see :func:`many_keys`).
 MANY_KEYS_FLOORS = (c.PING2, c.MINIMAL_LUA)
@@ -69,6 +74,49 @@ def loop(peer: str, key: str, t_start: float, t_end: float, grace: float) -> dic
         "commands": dict(c.COUNTER.commands),
         "round_trips": c.COUNTER.round_trips,
     }
+
+
+def forked(
+    peer: str, key: str, indexes: list[int], t_start: float, t_end: float, grace: float
+) -> list[dict[str, Any]]:
+    """Section 2's block with its processes forked from this one (a fresh worker that has run
+    no lock): one :func:`loop` per child, under the worker index it stands for.
+
+    Spawned processes each hold their own copy of every module; forked ones share those pages
+    until written, so switching between them (a hand-off is a few switches on 2 cores) finds
+    more of the interpreter in the CPU caches. Both are what users run: a management command
+    or a spawned worker, and Celery's prefork pool or gunicorn.
+    """
+    import os
+    import pickle
+
+    # os.fork, not multiprocessing: a pool worker is a daemonic process, which multiprocessing
+    # does not let have children.
+    children: list[tuple[int, int]] = []
+    for index in indexes:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: run the block, send the reply, leave without clean-up
+            code = 1
+            try:
+                os.close(read)
+                c.WORKER["index"] = index
+                with os.fdopen(write, "wb") as out:
+                    pickle.dump(loop(peer, key, t_start, t_end, grace), out)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        children.append((pid, read))
+    replies = []
+    for pid, read in children:
+        with os.fdopen(read, "rb") as source:
+            data = source.read()  # EOF when the child exits, whatever happened to it
+        os.waitpid(pid, 0)
+        if not data:
+            raise RuntimeError(f"forked process {pid} ({peer}) sent no result")
+        replies.append(pickle.loads(data))
+    return sorted(replies, key=lambda reply: int(reply["index"]))
 
 
 #: Wake-up paths of the hand-off floor (section 2b): how a waiting process learns "your turn".
@@ -267,25 +315,15 @@ def run_contended(
     procs = len(workers)
     per_run: list[dict[str, dict[str, float]]] = []
     raw: list[dict[str, Any]] = []
-    for run_index in range(runs):
-        pooled: dict[str, dict[str, Any]] = {p: empty() for p in CONTENDED_PEERS}
-        for r in range(rounds):
-            shift = (run_index * rounds + r) % len(CONTENDED_PEERS)
-            for peer in CONTENDED_PEERS[shift:] + CONTENDED_PEERS[:shift]:
-                key = f"bench:contended:{run_index}:{r}:{peer}"
-                t_start = time.perf_counter() + 0.3  # every worker is idle and listening
-                t_end = t_start + warm + duration
-                with probe.measure() as srv:
-                    replies = pool.call_many(
-                        [(i, "benchmarks._contended:loop", {
-                            "peer": peer, "key": key, "t_start": t_start, "t_end": t_end,
-                            "grace": grace,
-                        }) for i in workers],
-                        timeout=warm + duration + grace + 120,
-                    )  # fmt: skip
-                _pool_block(pooled[peer], replies, t_start + warm, t_end, srv)
-        per_run.append({p: metrics(pooled[p], workers) for p in CONTENDED_PEERS})
-        raw.append({p: _summary(pooled[p]) for p in CONTENDED_PEERS})
+    parent = pool.fresh()  # forks the processes of the forked rows; runs no lock itself
+    try:
+        for run_index in range(runs):
+            _contended_run(
+                pool, probe, workers, parent, run_index, rounds, duration, warm, grace,
+                per_run, raw,
+            )  # fmt: skip
+    finally:
+        pool.retire(parent)
     return {
         "peers": list(CONTENDED_PEERS),
         "procs": procs,
@@ -296,6 +334,47 @@ def run_contended(
         "per_run": per_run,
         "detail": raw,
     }
+
+
+def _contended_run(
+    pool: c.WorkerPool,
+    probe: c.ServerProbe,
+    workers: list[int],
+    parent: int,
+    run_index: int,
+    rounds: int,
+    duration: float,
+    warm: float,
+    grace: float,
+    per_run: list[dict[str, dict[str, float]]],
+    raw: list[dict[str, Any]],
+) -> None:
+    pooled: dict[str, dict[str, Any]] = {p: empty() for p in CONTENDED_PEERS}
+    for r in range(rounds):
+        shift = (run_index * rounds + r) % len(CONTENDED_PEERS)
+        for peer in CONTENDED_PEERS[shift:] + CONTENDED_PEERS[:shift]:
+            key = f"bench:contended:{run_index}:{r}:{peer}"
+            t_start = time.perf_counter() + 0.3  # every worker is idle and listening
+            t_end = t_start + warm + duration
+            timeout = warm + duration + grace + 120
+            with probe.measure() as srv:
+                if peer.endswith(FORKED):
+                    replies = pool.call(
+                        parent, "benchmarks._contended:forked", timeout,
+                        peer=peer.removesuffix(FORKED), key=key, indexes=workers,
+                        t_start=t_start, t_end=t_end, grace=grace,
+                    )  # fmt: skip
+                else:
+                    replies = pool.call_many(
+                        [(i, "benchmarks._contended:loop", {
+                            "peer": peer, "key": key, "t_start": t_start, "t_end": t_end,
+                            "grace": grace,
+                        }) for i in workers],
+                        timeout=timeout,
+                    )  # fmt: skip
+            _pool_block(pooled[peer], replies, t_start + warm, t_end, srv)
+    per_run.append({p: metrics(pooled[p], workers) for p in CONTENDED_PEERS})
+    raw.append({p: _summary(pooled[p]) for p in CONTENDED_PEERS})
 
 
 def run_relay(
@@ -585,13 +664,15 @@ def run_many_keys(
 
 def contended_tables(res: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]]]:
     rows = []
-    base = [run[c.PRL] for run in res["per_run"]]
     for peer in res["peers"]:
         s = c.spreads([run[peer] for run in res["per_run"]])
+        base = PRL_FORKED if peer.endswith(FORKED) else c.PRL  # forked rows: forked peer
         ratio = c.Spread.of(
             [
-                run[peer]["handoffs_per_s"] / b["handoffs_per_s"] if b["handoffs_per_s"] else 0.0
-                for run, b in zip(res["per_run"], base, strict=True)
+                run[peer]["handoffs_per_s"] / run[base]["handoffs_per_s"]
+                if run[base]["handoffs_per_s"]
+                else 0.0
+                for run in res["per_run"]
             ]
         )
         rows.append(
@@ -639,6 +720,9 @@ def contended_notes(res: dict[str, Any]) -> list[str]:
         "one); cmds incl. Lua: every command Redis executed (INFO commandstats), per acquisition.",
         "stalls: acquisitions that waited > 1 s; timeouts: waits given up at the end of the "
         "block + grace (a stuck waiter); overlaps: holds that overlapped (must be 0).",
+        f"'{FORKED.lstrip(', ')}': the same block with the {res['procs']} processes forked from "
+        "one parent that ran no lock (as Celery's prefork pool and gunicorn start theirs) "
+        "instead of spawned; their ratio is to python-redis-lock's forked row.",
     ]
 
 

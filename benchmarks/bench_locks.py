@@ -288,8 +288,9 @@ class Run:
         for peer in res["peers"]:
             overlaps = sum(run[peer]["overlaps"] for run in res["per_run"])
             self.checks.append((f"contended: mutual exclusion held ({peer})", overlaps == 0))
-        stuck = sum(run[c.OURS]["stalls"] + run[c.OURS]["failures"] for run in res["per_run"])
-        self.checks.append((f"contended: no stall > 1 s, no timeout ({c.OURS})", stuck == 0))
+        for ours in (c.OURS, _contended.OURS_FORKED):
+            stuck = sum(run[ours]["stalls"] + run[ours]["failures"] for run in res["per_run"])
+            self.checks.append((f"contended: no stall > 1 s, no timeout ({ours})", stuck == 0))
         relay = _contended.run_relay(
             self.pool,
             self.probe,
