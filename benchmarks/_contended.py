@@ -34,9 +34,8 @@ FORKED = ", forked processes"
 OURS_FORKED = c.OURS + FORKED
 PRL_FORKED = c.PRL + FORKED
 CONTENDED_PEERS = (c.OURS, c.PRL, c.REDIS_PY_SLOW, c.REDIS_PY_FAST, OURS_FORKED, PRL_FORKED)
+#: The last two are floors: no lock object, just a cycle's round trips (see :func:`many_keys`).
 MANY_KEYS_PEERS = (c.OURS, c.REDIS_PY_FAST, c.PRL, c.PING2, c.MINIMAL_LUA)
-#: Reference rows of section 3: no lock object, just the round trips (see :func:`many_keys`).
-MANY_KEYS_FLOORS = (c.PING2, c.MINIMAL_LUA)
 #: An acquisition that waited longer than this counts as a stall (a lost hand-off, a long poll).
 STALL_S = 1.0
 
@@ -89,6 +88,7 @@ def forked(
     """
     import os
     import pickle
+    import traceback
 
     # os.fork, not multiprocessing: a pool worker is a daemonic process, which multiprocessing
     # does not let have children.
@@ -104,6 +104,8 @@ def forked(
                 with os.fdopen(write, "wb") as out:
                     pickle.dump(loop(peer, key, t_start, t_end, grace), out)
                 code = 0
+            except BaseException:
+                traceback.print_exc()  # the parent reports "sent no result"
             finally:
                 os._exit(code)
         os.close(write)
