@@ -283,19 +283,18 @@ def _floor_op(peer: str, conn: Any) -> Any:
 
         return ping2
     if peer == c.MINIMAL_LUA:
-        from benchmarks._uncontended import MINIMAL_ACQUIRE, MINIMAL_RELEASE
+        from benchmarks._uncontended import minimal_lua
 
-        acquire = conn.register_script(MINIMAL_ACQUIRE)
-        release = conn.register_script(MINIMAL_RELEASE)
-        lease_ms = c.LEASE * 1000
-        token = f"{c.WORKER.get('index', 0)}.{threading.get_ident()}"
+        cycle = minimal_lua(conn)
+        process = c.WORKER.get("index", 0)
 
         def minimal(name: str, deadline: float) -> bool:
+            owner = f"{process}.{threading.get_ident()}"  # one owner per thread
             # Busy (another thread holds this key, rare with 1,000 keys): try again at once.
-            while acquire(keys=[name], args=[token, lease_ms]) != 1:
+            while not cycle(name, owner):
                 if time.perf_counter() > deadline:
                     return False
-            return bool(release(keys=[name], args=[token]))
+            return True
 
         return minimal
     return None

@@ -133,20 +133,34 @@ MINIMAL_RELEASE = (
 )
 
 
-def _minimal_lua(conn: Any, name: str) -> Callable[[], None]:
+def minimal_lua(conn: Any) -> Callable[[str, str], bool]:
+    """One cycle of the smallest correct script lock, on the kept connection our scripts use:
+    ``cycle(name, owner)`` takes and releases ``name``; ``False`` when another owner holds it.
+    Section 3 runs the same cycle on its random keys."""
     from django_redislock import connection
 
-    runner = connection.command_runner(conn)  # the kept connection our scripts use
+    run = connection.command_runner(conn).execute_command
     lease_ms = c.LEASE * 1000
-    acquire = ("EVALSHA", conn.script_load(MINIMAL_ACQUIRE), 1, name, "owner-token", lease_ms)
-    release = ("EVALSHA", conn.script_load(MINIMAL_RELEASE), 1, name, "owner-token")
-    run = runner.execute_command
+    acquire, release = conn.script_load(MINIMAL_ACQUIRE), conn.script_load(MINIMAL_RELEASE)
 
-    def cycle() -> None:
-        if run(*acquire) != 1 or run(*release) != 1:
-            raise RuntimeError("minimal Lua cycle did not acquire and release")
+    def cycle(name: str, owner: str) -> bool:
+        if run("EVALSHA", acquire, 1, name, owner, lease_ms) != 1:
+            return False
+        if run("EVALSHA", release, 1, name, owner) != 1:
+            raise RuntimeError("minimal Lua lock: a lock just taken was not released")
+        return True
 
     return cycle
+
+
+def _minimal_lua(conn: Any, name: str) -> Callable[[], None]:
+    cycle = minimal_lua(conn)
+
+    def one() -> None:
+        if not cycle(name, "owner-token"):
+            raise RuntimeError("minimal Lua cycle did not acquire and release")
+
+    return one
 
 
 def run(runs: int, rounds: int, per_round: int, count_cycles: int) -> dict[str, Any]:
