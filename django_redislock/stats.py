@@ -194,6 +194,12 @@ class _Tally:
 _Key = tuple[str | None, str]  # (cache alias or None for REDISLOCK["CACHE"], stats name)
 
 _mutex = threading.Lock()
+#: Held by a flush from taking the figures until they are written, so that a flush returns only
+#: after everything recorded before it is in Redis, also what another thread's flush had taken
+#: and was still writing. Never taken by :func:`record`; taken before ``_mutex``, never after.
+_flushing = threading.Lock()
+#: Seconds the flush at exit waits for another thread's write in flight before it gives up.
+EXIT_FLUSH_WAIT = 5.0
 _pending: dict[_Key, _Tally] = {}
 #: Events recorded since the last fold: ``(key, event, seconds, contended, time.time())``.
 #: Appending is all :func:`record` does (no lock: ``list.append`` is atomic); :func:`_fold`
@@ -379,14 +385,17 @@ def flush() -> None:
     """Write everything gathered so far to Redis now (one pipeline per cache alias).
 
     Called by the background thread and at exit; tests call it to read figures back at once.
-    If Redis cannot be reached the figures are kept for the next flush (bounded, see
-    :data:`MAX_PENDING_NAMES`) and a warning is logged.
+    When it returns, every event recorded before the call has been written, including those
+    another thread's flush was writing meanwhile. If Redis cannot be reached the figures are
+    kept for the next flush (bounded, see :data:`MAX_PENDING_NAMES`) and a warning is logged.
     """
-    _flush(final=False)
+    with _flushing:
+        _flush(final=False)
 
 
 def _flush(*, final: bool) -> None:
-    """:func:`flush`; ``final`` (at exit): figures that cannot be written are not kept."""
+    """:func:`flush` (call with ``_flushing`` held); ``final`` (at exit): figures that cannot be
+    written are not kept."""
     global _pending, _dropped
     with _mutex:
         _fold()
@@ -466,8 +475,9 @@ def _write(alias: str | None, tallies: dict[str, _Tally]) -> None:
 
 def _after_fork_in_child() -> None:
     """A forked child starts with no figures (the parent flushes its own) and no flusher."""
-    global _mutex, _pending, _events, _wake, _flusher, _dropped
+    global _mutex, _flushing, _pending, _events, _wake, _flusher, _dropped
     _mutex = threading.Lock()
+    _flushing = threading.Lock()
     _pending = {}
     _events = []
     _wake = threading.Event()
@@ -481,10 +491,16 @@ if hasattr(os, "register_at_fork"):
 
 @atexit.register
 def _flush_at_exit() -> None:
+    # A write in flight in the flusher thread may hang on an unreachable Redis without a
+    # socket timeout: exit waits for it a bounded time, then writes what it can itself.
+    held = _flushing.acquire(timeout=EXIT_FLUSH_WAIT)
     try:
         _flush(final=True)
     except Exception:  # the interpreter is going away; nothing sensible to do
         logger.debug("django_redislock: final statistics flush failed", exc_info=True)
+    finally:
+        if held:
+            _flushing.release()
 
 
 # --- reading -----------------------------------------------------------------------------------

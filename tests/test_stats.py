@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from django.test import override_settings
@@ -493,3 +493,35 @@ def test_events_recorded_while_figures_are_flushed_are_all_counted(monkeypatch):
     stats.flush()
     s = figures("racing")
     assert (s.acquired, s.released) == (threads * per_thread, threads * per_thread)
+
+
+def test_a_flush_returns_only_after_a_write_in_flight_in_another_thread(monkeypatch):
+    """``flush()`` then reading figures must see every event recorded before it, also when the
+    background flusher had already taken them and was still writing them to Redis."""
+    stats.record(None, "inflight", "acquired", 0.001)
+    writing, go_on = threading.Event(), threading.Event()
+    real_write = stats._write
+
+    def slow_write(alias: Any, tallies: Any) -> None:
+        writing.set()
+        go_on.wait(10)
+        real_write(alias, tallies)
+
+    monkeypatch.setattr(stats, "_write", slow_write)
+    first = threading.Thread(target=stats.flush)  # stands for the background flusher
+    first.start()
+    assert writing.wait(10)
+    second_done = threading.Event()
+
+    def flush_and_say() -> None:
+        stats.flush()
+        second_done.set()
+
+    second = threading.Thread(target=flush_and_say)
+    second.start()
+    assert not second_done.wait(0.5), "flush() returned while another flush was still writing"
+    go_on.set()
+    first.join(10)
+    second.join(10)
+    assert second_done.is_set()
+    assert figures("inflight").acquired == 1
