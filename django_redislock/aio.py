@@ -58,7 +58,18 @@ class AsyncLock(engine.LockBase):
         self, blocking: bool | None = None, blocking_timeout: float | None = None
     ) -> bool:
         """Take the lock; ``False`` when not acquired in time. One deadline covers every wait."""
-        return bool(await engine.adrive(self, self._acquire_flow(blocking, blocking_timeout)))
+        attempt = self._begin(blocking, blocking_timeout)
+        if attempt is None:  # independent masters: their own flow
+            return bool(await engine.adrive(self, self._acquire_flow(blocking, blocking_timeout)))
+        try:
+            reply = await attempt.call.async_(self)  # type: ignore[union-attr]
+        except BaseException as exc:
+            first: tuple[Any, BaseException | None] = (None, exc)
+        else:
+            if self._won(attempt, reply):
+                return True
+            first = (reply, None)
+        return bool(await engine.adrive(self, self._acquire_flow(None, None, attempt, first)))
 
     async def release(self, *, all_holds: bool = False) -> None:
         """Drop one hold (every hold with ``all_holds``); the last one frees the lock.

@@ -88,6 +88,9 @@ def check_seconds(
     ``[minimum, MAX_SECONDS]`` raise ``ValueError`` naming the allowed range. Nothing invalid ever
     reaches Redis (which would answer "invalid expire time") or the watchdog.
     """
+    kind = type(value)
+    if (kind is float or kind is int) and minimum <= value <= MAX_SECONDS:  # type: ignore[operator]
+        return float(value)  # type: ignore[arg-type]  # the usual case (NaN fails the compare)
     if value is None:
         if allow_none:
             return None

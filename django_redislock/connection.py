@@ -740,7 +740,10 @@ def _close_direct() -> None:
 
 
 def _forget_direct_in_child() -> None:
-    # The parent's sockets are not ours: drop them unused (the pool resets itself on its pid).
+    # The parent's sockets are not ours: drop them unused (the pool resets itself on its pid),
+    # also from runners something still refers to (a lock object made before the fork).
+    for runner in _direct.values():
+        runner._idle = []
     _direct.clear()
 
 

@@ -7,7 +7,10 @@ sends the signals; a face only performs the I/O. The multi-step acquisition is a
 (:meth:`LockBase._acquire_flow`) that *yields* operations (:class:`Call`, :class:`Wait`,
 :class:`Sleep`, :class:`Subscribe`) and receives their results; :func:`drive` runs it with blocking
 calls, :func:`adrive` with ``await``. So queueing, claiming, deadlines, retries and clean-up on
-interruption exist once, whichever face waits.
+interruption exist once, whichever face waits. Most acquisitions take a free lock with their first
+call, so a face makes that call itself (:meth:`LockBase._begin` prepares it, :meth:`LockBase._won`
+records a success) and starts the flow, with that call's outcome, only when it did not: the
+uncontended path runs no generator.
 
 How a contended acquisition works (the README has the long version): the acquire script queues the
 waiter in Redis (FIFO) and returns the holder's remaining lease; the waiter sleeps, holding no
@@ -23,6 +26,7 @@ import asyncio
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -101,6 +105,13 @@ def check_bool(value: object, what: str, *, allow_none: bool = False) -> bool | 
     if not isinstance(value, bool):
         raise TypeError(f"{what} must be True or False, not {value!r}")
     return value
+
+
+def _flag(value: object, what: str) -> bool:
+    """:func:`check_bool` of a required flag, with its usual values let through first."""
+    if value is True or value is False:
+        return value
+    return bool(check_bool(value, what))
 
 
 # -- where a lock lives ----------------------------------------------------------------------------
@@ -186,6 +197,7 @@ def _wait_ms(replicas_timeout: float, socket_timeout: float | None) -> int:
 def _forget_targets() -> None:
     with _targets_mutex:
         _targets.clear()
+    _specs.clear()  # their targets hold the parent's runners
 
 
 holds.on_fork(_forget_targets)
@@ -196,6 +208,8 @@ holds.on_fork(_forget_targets)
 
 class Op:
     """Something a flow needs done; the face's driver does it (``sync`` or ``async_``)."""
+
+    __slots__ = ()
 
     def sync(self, face: LockBase) -> Any:
         raise NotImplementedError
@@ -217,7 +231,7 @@ class NotReplicated(LockBackendError):
         self.reply = reply
 
 
-@dataclass
+@dataclass(slots=True)
 class Call(Op):
     """Run a script (one round trip; with ``REPLICAS``, followed by ``WAIT`` in the same)."""
 
@@ -240,11 +254,20 @@ class Call(Op):
         return reply
 
     def sync(self, face: LockBase) -> Any:
-        try:
-            return self._sync(face)
-        except LockBackendError as exc:
-            if _transient(exc) != "pool":
-                raise
+        if not self.replicas:  # every lock operation's path: _sync's first branch, inline
+            try:
+                reply = self.script(face._spec().target.runner, self.keys, self.args)
+            except redis_errors.RedisError as exc:
+                if not connection.is_pool_exhausted(exc):
+                    raise connection.backend_error(exc, self.action) from exc
+            else:
+                return reply if self.after is None else self.after(reply)
+        else:
+            try:
+                return self._sync(face)
+            except LockBackendError as exc:
+                if _transient(exc) != "pool":
+                    raise
         # A sync pool that ran out of connections (threads beyond max_connections) frees one
         # within moments: wait for it rather than fail (async pools block by themselves).
         give_up = time.monotonic() + POOL_RETRY_BUDGET
@@ -432,11 +455,34 @@ class _Spec:
     lease_ms: int
     claim_ms: int
     ident: tuple[str, str]  # (alias, lock key); + owner = the hold table key
+    #: The ARGV every script that may hand off ends with: channel prefix, trust, claim ms.
+    wake_args: tuple[str, str, int]
+    #: What a failed acquire / release was doing, for error messages (built once, not per call).
+    acquire_action: str
+    release_action: str
 
-    @property
-    def wake_args(self) -> list[Any]:
-        """The ARGV every script that may hand off ends with: channel prefix, trust, claim ms."""
-        return [self.target.channel_prefix, self.target.trust_publish, self.claim_ms]
+
+#: Specs of the names used lately, shared by their lock objects: code that builds
+#: ``Lock(f"order:{pk}")`` per call would otherwise format the same keys every time. Bounded
+#: (emptied when full); an entry is valid while its target's settings object is the current one.
+_specs: dict[tuple[Any, ...], _Spec] = {}
+SPEC_CACHE_SIZE = 4096
+
+
+@dataclass(slots=True)
+class Attempt:
+    """An acquisition between its set-up and its first call (see :meth:`LockBase._begin`)."""
+
+    spec: _Spec
+    owner: str
+    meta: str
+    started: float
+    deadline: float  # monotonic; inf: wait for ever
+    waiter: wakeups.Waiter | None  # None: a non-blocking attempt (never queues)
+    listener: Any
+    #: Whether attempts pass the waiter id (queue when busy): once hand-offs can reach us.
+    queued: bool
+    call: Call | None = None
 
 
 class LockBase:
@@ -462,30 +508,42 @@ class LockBase:
         quiet: bool = False,
         report_busy: bool = True,
     ) -> None:
-        self.name = check_name(name)
-        self._timeout = check_seconds(timeout, "timeout", minimum=MIN_LEASE, allow_none=True)
-        self._blocking = bool(check_bool(blocking, "blocking"))
-        self._blocking_timeout = check_seconds(
-            blocking_timeout, "blocking_timeout", allow_none=True
+        # Every argument is validated here; the common values pass an identity test first
+        # (a lock object per call is the usual pattern, so construction is on the hot path).
+        if type(name) is not str or not 0 < len(name) <= MAX_NAME_LENGTH or not name.isascii():
+            check_name(name)
+        self.name = name
+        self._timeout = (
+            None
+            if timeout is None
+            else check_seconds(timeout, "timeout", minimum=MIN_LEASE, allow_none=True)
         )
-        self._auto_renew = check_bool(auto_renew, "auto_renew", allow_none=True)
-        self.reentrant = bool(check_bool(reentrant, "reentrant"))
+        self._blocking = (
+            blocking if blocking is True or blocking is False else _flag(blocking, "blocking")
+        )
+        self._blocking_timeout = (
+            None
+            if blocking_timeout is None
+            else check_seconds(blocking_timeout, "blocking_timeout", allow_none=True)
+        )
+        self._auto_renew = auto_renew if auto_renew is None else _flag(auto_renew, "auto_renew")
+        self.reentrant = reentrant if reentrant is True else _flag(reentrant, "reentrant")
         if using is not None and (not isinstance(using, str) or not using):
             raise TypeError(
                 f"using must be a CACHES alias (a non-empty str) or None, not {using!r}"
             )
         self.using = using
-        self._owner = check_owner(owner)
+        self._owner = None if owner is None else check_owner(owner)
         if task_id is not None and not isinstance(task_id, str):
             raise TypeError(f"task_id must be a str or None, not {type(task_id).__name__}")
         self._task_id = task_id
-        self._queued = bool(check_bool(queued, "queued"))
+        self._queued = queued if queued is False else _flag(queued, "queued")
         self.stats_name = stats_name or stats_shape(name)
         #: For integrations that report their own events (single-flight publishes): no signals
         #: and no statistics for this object (``quiet``), or none for busy attempts.
-        self.quiet = bool(check_bool(quiet, "quiet"))
-        self.report_busy = bool(check_bool(report_busy, "report_busy"))
-        if not isinstance(on_commit, (bool, str)):
+        self.quiet = quiet if quiet is False else _flag(quiet, "quiet")
+        self.report_busy = report_busy if report_busy is True else _flag(report_busy, "report_busy")
+        if on_commit is not False and not isinstance(on_commit, (bool, str)):
             raise TypeError(f"on_commit must be True, False or a database alias, not {on_commit!r}")
         self.on_commit = on_commit
         # owner -> the last Hold this object took for that owner (kept after release or loss so
@@ -517,22 +575,34 @@ class LockBase:
         the settings object)."""
         settings = get_settings()
         spec = self._spec_cache
+        if spec is not None and spec.target.settings is settings:
+            return spec
+        ident = (type(self), self.name, self.using, self._timeout)
+        spec = _specs.get(ident)
         if spec is None or spec.target.settings is not settings:
             target = target_for(self.using)
             keys = target.keys
             lease = self._timeout if self._timeout is not None else settings.timeout
             script_keys = self._script_keys(keys)
             lock_key = script_keys[0]
-            spec = self._spec_cache = _Spec(
+            # Independent masters cannot hand a majority over: 0 = wake every waiter instead.
+            claim_ms = 0 if target.masters else max(1, int(min(CLAIM_WINDOW, lease) * 1000))
+            spec = _Spec(
                 target=target,
                 lock_key=lock_key,
                 script_keys=script_keys,
                 lease=lease,
                 lease_ms=max(1, int(lease * 1000)),
-                # Independent masters cannot hand a majority over: 0 = wake every waiter instead.
-                claim_ms=0 if target.masters else max(1, int(min(CLAIM_WINDOW, lease) * 1000)),
+                claim_ms=claim_ms,
                 ident=(target.alias, lock_key),
+                wake_args=(target.channel_prefix, target.trust_publish, claim_ms),
+                acquire_action=f"acquire {self.kind} {self.name!r}",
+                release_action=f"release {self.kind} {self.name!r}",
             )
+            if len(_specs) >= SPEC_CACHE_SIZE:
+                _specs.clear()
+            _specs[ident] = spec
+        self._spec_cache = spec
         return spec
 
     def _script_keys(self, keys: KeySpace) -> list[str]:
@@ -608,12 +678,8 @@ class LockBase:
         self, spec: _Spec, owner: str, meta: str, waiter: str, entry: str, entry_ms: int
     ) -> Call:
         args = [owner, spec.lease_ms, meta, waiter, entry_ms, entry, self._limit_arg()]
-        return Call(
-            self._acquire_script,
-            spec.script_keys,
-            [*args, *spec.wake_args],
-            f"acquire {self.kind} {self.name!r}",
-        )
+        args += spec.wake_args
+        return Call(self._acquire_script, spec.script_keys, args, spec.acquire_action)
 
     def _cancel_call(self, spec: _Spec, owner: str, waiter: str, entry: str, take: bool) -> Call:
         return Call(
@@ -636,43 +702,107 @@ class LockBase:
             return quorum.op(self, call)  # type: ignore[no-any-return]
         return call
 
-    def _acquire_flow(self, blocking: bool | None, blocking_timeout: float | None) -> Flow:
-        """Take the lock; ``False`` when not acquired in time. One deadline covers every wait."""
+    def _begin(self, blocking: bool | None, blocking_timeout: float | None) -> Attempt | None:
+        """Everything up to the first acquire call, which a face then makes itself: most
+        acquisitions end with that call, and the generator flow (``drive``) is only needed
+        when they do not. ``None`` for independent masters (Redlock), whose flow differs."""
         spec = self._spec()
-        if spec.target.masters:
-            return (yield from quorum.acquire_flow(self, blocking, blocking_timeout))
-        blocking = self._blocking if blocking is None else check_bool(blocking, "blocking")
-        limit = self._wait_limit(blocking_timeout)
+        target = spec.target
+        if target.masters:
+            return None
+        if blocking is None:
+            blocking = self._blocking
+        elif blocking is not True and blocking is not False:
+            blocking = check_bool(blocking, "blocking")
+        limit = (
+            self._blocking_timeout
+            if blocking_timeout is None
+            else check_seconds(blocking_timeout, "blocking_timeout")
+        )
+        if limit is None:
+            limit = target.settings.blocking_timeout
+        meta = holds.metadata(self._task_id, queued=self._queued)
+        owner = self._owner or self._default_owner()
         started = time.monotonic()
         deadline = float("inf") if limit is None else started + limit
-        owner = self.owner
-        meta = holds.metadata(self._task_id, queued=self._queued)
-        queue = bool(blocking) and limit != 0
-        waiter = wakeups.Waiter(holds.new_waiter_id(), loop=self._loop()) if queue else None
-        listener = spec.target.listener() if queue else None
-        if waiter is not None:
+        waiter_id = ""
+        waiter: wakeups.Waiter | None = None
+        listener: Any = None
+        queued = False
+        if blocking and limit != 0:
+            waiter = wakeups.Waiter(holds.new_waiter_id(), loop=self._loop())
+            listener = target.listener()
             wakeups.register(waiter)  # before reading `ready`: see Listener._run
-        # Queue at the first attempt only when hand-offs can reach us already (subscribed).
-        queued = listener is not None and listener.ready.is_set()
+            # Queue at the first attempt only when hand-offs can reach us already (subscribed).
+            queued = listener.ready.is_set()
+            if queued:
+                waiter_id = waiter.id
+        entry_ms = int((max(min(deadline - started, spec.lease), 0.0) + ENTRY_MARGIN) * 1000)
+        call = self._acquire_call(spec, owner, meta, waiter_id, "", entry_ms)
+        call.replicas = target.replicas
+        call.replicas_timeout_ms = target.replicas_timeout_ms
+        return Attempt(spec, owner, meta, started, deadline, waiter, listener, queued, call)
+
+    def _attempt_call(self, attempt: Attempt, entry: str) -> Call:
+        """The next acquire call of ``attempt`` (``entry``: its queue entry, "" for none)."""
+        spec, waiter = attempt.spec, attempt.waiter
+        span = min(attempt.deadline - time.monotonic(), spec.lease)
+        entry_ms = int((max(span, 0.0) + ENTRY_MARGIN) * 1000)
+        if waiter is not None:
+            # Reset before the call, never after: a hand-off message arriving while the call is
+            # in flight must not be forgotten.
+            waiter.handed = False
+            waiter.token = None
+            waiter.recheck_at = float("inf")
+        waiter_id = waiter.id if waiter is not None and attempt.queued else ""
+        call = self._acquire_call(spec, attempt.owner, attempt.meta, waiter_id, entry, entry_ms)
+        return self._replicated(call, spec)
+
+    def _won(self, attempt: Attempt, reply: Any) -> bool:
+        """Whether the first call's ``reply`` took the lock, which is then recorded (a face that
+        made the call itself returns at once; otherwise it runs :meth:`_acquire_flow`)."""
+        if reply[0] != 1:
+            return False
+        if attempt.waiter is not None:
+            wakeups.unregister(attempt.waiter)
+        return self._acquired(
+            attempt.spec, attempt.owner, int(reply[1]), int(reply[2]), attempt.started, False
+        )
+
+    def _acquire_flow(
+        self,
+        blocking: bool | None,
+        blocking_timeout: float | None,
+        attempt: Attempt | None = None,
+        first: tuple[Any, BaseException | None] | None = None,
+    ) -> Flow:
+        """Take the lock; ``False`` when not acquired in time. One deadline covers every wait.
+
+        A face that made the first call of ``attempt`` itself passes its outcome as ``first``
+        (``(reply, None)`` or ``(None, error)``); the flow goes on from there.
+        """
+        if attempt is None:
+            attempt = self._begin(blocking, blocking_timeout)
+            if attempt is None:
+                return (yield from quorum.acquire_flow(self, blocking, blocking_timeout))
+        spec, owner = attempt.spec, attempt.owner
+        waiter, listener = attempt.waiter, attempt.listener
+        started, deadline = attempt.started, attempt.deadline
+        call: Call | None = attempt.call
         entry = ""
         contended = False
         reconnected = False
         try:
             while True:
-                now = time.monotonic()
-                span = min(deadline - now, spec.lease)
-                entry_ms = int((max(span, 0.0) + ENTRY_MARGIN) * 1000)
-                if waiter is not None:
-                    # Reset before the call, never after: a hand-off message arriving while the
-                    # call is in flight must not be forgotten.
-                    waiter.handed = False
-                    waiter.token = None
-                    waiter.recheck_at = float("inf")
-                call = self._acquire_call(
-                    spec, owner, meta, waiter.id if waiter and queued else "", entry, entry_ms
-                )
+                if call is None:
+                    call = self._attempt_call(attempt, entry)
                 try:
-                    reply = yield self._replicated(call, spec)
+                    if first is not None:
+                        (reply, error), first = first, None
+                        if error is not None:
+                            raise error
+                    else:
+                        reply = yield call
                 except NotReplicated as exc:
                     if int(exc.reply[0]) != 1:
                         reply = exc.reply  # only a queue entry went unacknowledged
@@ -682,12 +812,14 @@ class LockBase:
                         raise
                 except LockBackendError as exc:
                     kind = _transient(exc)
-                    if kind == "connection" and (entry or queued) and not reconnected:
+                    if kind == "connection" and (entry or attempt.queued) and not reconnected:
                         # The connection dropped (killed, restarted pool): Redis may well be up.
                         # Our queue entry is still valid; reconnect once and keep waiting.
                         reconnected = True
+                        call = None
                         continue
                     raise
+                call = None
                 reconnected = False
                 state, value, extra = reply
                 if state == 1:
@@ -702,17 +834,18 @@ class LockBase:
                 contended = True
                 if waiter is None or listener is None:
                     return self._failed(started)
-                if not queued:
+                if not attempt.queued:
                     if not (yield Subscribe(listener, _subscribe_timeout(spec.target))):
                         logger.warning(
                             "django_redislock: cannot subscribe for wake-ups of %r; waiting "
                             "with re-checks at the holder's lease end only.",
                             self.name,
                         )
-                    queued = True
+                    attempt.queued = True
                     continue
                 entry = _text(extra)
                 # PTTL -1: a value without expiry (not ours): re-check once per span.
+                span = min(deadline - time.monotonic(), spec.lease)
                 holder_left = int(value) / 1000 if int(value) >= 0 else span
                 planned = time.monotonic() + max(0.001, min(holder_left, span))
                 waiter.recheck_at = min(waiter.recheck_at, planned)
@@ -771,24 +904,28 @@ class LockBase:
         ident = self._hold_ident(spec, owner, token)
         hold = holds.get(ident)
         if hold is None or hold.lost or count == 1:
+            target = spec.target
             script, keys, args = self._renew_args(spec, owner, token, spec.lease_ms, "set")
-            renewer = quorum.renewer(spec.target.masters) if spec.target.masters else None
+            renewer = quorum.renewer(target.masters) if target.masters else target.client
+            auto_renew = self._auto_renew
+            now = time.monotonic()
             hold = Hold(
-                ident=ident,
-                name=self.name,
-                owner=owner,
-                token=token,
-                count=count,
-                lease=spec.lease,
-                auto_renew=self.auto_renew,
-                renew=(renewer or spec.target.client, script, keys, args),
-                stats_name=self.stats_name,
-                kind=self.kind,
-                sender=type(self),
-                replicas=(spec.target.replicas, spec.target.replicas_timeout_ms),
-                stats_key=None if self.quiet else (self.using, self.stats_name),
+                ident,
+                self.name,
+                owner,
+                token,
+                count,
+                spec.lease,
+                target.settings.auto_renew if auto_renew is None else auto_renew,
+                (renewer, script, keys, args),
+                self.stats_name,
+                self.kind,
+                type(self),
+                (target.replicas, target.replicas_timeout_ms),
+                None if self.quiet else (self.using, self.stats_name),
+                now,  # acquired_at
             )
-            hold.set_lock(self)
+            hold.lock_ref = weakref.ref(self)
             stale = holds.put(hold)
             if stale is not None:
                 watchdog.unregister(stale)  # its lock expired unnoticed before this acquisition
@@ -796,7 +933,7 @@ class LockBase:
             if hold.auto_renew:
                 watchdog.register(hold)
             if not self.quiet:
-                waited = time.monotonic() - started
+                waited = now - started
                 stats.record(
                     self.using, self.stats_name, "acquired", waited, contended, self.name, token
                 )
@@ -844,7 +981,7 @@ class LockBase:
             scripts.RELEASE,
             spec.script_keys,
             [owner, "1" if all_holds else "0", *spec.wake_args, here],
-            f"release lock {self.name!r}",
+            spec.release_action,
             after=_woken_here,
         )
         return call, hold
@@ -872,7 +1009,7 @@ class LockBase:
             if not self.quiet:
                 held = time.monotonic() - hold.acquired_at
                 stats.record(
-                    self.using, self.stats_name, "released", held, name=self.name, token=hold.token
+                    self.using, self.stats_name, "released", held, False, self.name, hold.token
                 )
                 if signals.lock_released.receivers:
                     signals.lock_released.send_robust(

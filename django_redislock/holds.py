@@ -65,9 +65,20 @@ def process_token() -> str:
     return _process_token
 
 
+#: thread id -> its owner string (built once per thread: every acquire and release asks).
+_thread_owners: dict[int, str] = {}
+
+
 def thread_owner() -> str:
     """The default owner of the calling (process, thread) pair."""
-    return f"{_process_token}-{threading.get_ident()}"
+    ident = threading.get_ident()
+    owner = _thread_owners.get(ident)
+    if owner is None:
+        if len(_thread_owners) > 4096:  # threads come and go: keep it bounded
+            _thread_owners.clear()
+        # A reused thread id gets the same string again: the cache never answers wrong.
+        owner = _thread_owners[ident] = f"{_process_token}-{ident}"
+    return owner
 
 
 def async_owner() -> str:
@@ -182,9 +193,6 @@ class Hold:
     def client(self) -> Any:
         return self.renew[0]
 
-    def set_lock(self, lock: Any) -> None:
-        self.lock_ref = weakref.ref(lock)
-
 
 _table: dict[tuple[str, str, str], Hold] = {}
 _mutex = threading.Lock()
@@ -285,6 +293,7 @@ def _after_fork_in_child() -> None:
     _mutex = threading.Lock()
     _table.clear()
     _meta_cache.clear()
+    _thread_owners.clear()
     for hook in _fork_hooks:
         hook()
 

@@ -50,7 +50,18 @@ class Lock(engine.LockBase):
 
     def acquire(self, blocking: bool | None = None, blocking_timeout: float | None = None) -> bool:
         """Take the lock; ``False`` when not acquired in time. One deadline covers every wait."""
-        return bool(engine.drive(self, self._acquire_flow(blocking, blocking_timeout)))
+        attempt = self._begin(blocking, blocking_timeout)
+        if attempt is None:  # independent masters: their own flow
+            return bool(engine.drive(self, self._acquire_flow(blocking, blocking_timeout)))
+        try:
+            reply = attempt.call.sync(self)  # type: ignore[union-attr]
+        except BaseException as exc:
+            first: tuple[Any, BaseException | None] = (None, exc)
+        else:
+            if self._won(attempt, reply):
+                return True
+            first = (reply, None)
+        return bool(engine.drive(self, self._acquire_flow(None, None, attempt, first)))
 
     def release(self, *, all_holds: bool = False) -> None:
         """Drop one hold (every hold with ``all_holds``); the last one frees the lock.
@@ -59,7 +70,7 @@ class Lock(engine.LockBase):
         hold the lock — never held, already released, expired, or force-released. With
         ``on_commit``, inside a transaction the release happens when it ends.
         """
-        owner = self.owner
+        owner = self._owner or self._default_owner()
         if self.on_commit and self._defer(lambda: self._release_now(all_holds, owner)):
             return
         self._release_now(all_holds, owner)

@@ -142,13 +142,12 @@ _waiters_mutex = threading.Lock()
 
 
 def register(waiter: Waiter) -> None:
-    with _waiters_mutex:
-        _waiters[waiter.id] = waiter
+    # One dict operation each, atomic under the GIL: no mutex on every blocking acquisition.
+    _waiters[waiter.id] = waiter
 
 
 def unregister(waiter: Waiter) -> None:
-    with _waiters_mutex:
-        _waiters.pop(waiter.id, None)
+    _waiters.pop(waiter.id, None)
 
 
 def hand_over(waiter_id: str, token: int | None) -> None:

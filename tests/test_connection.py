@@ -187,6 +187,36 @@ def test_a_forked_child_never_uses_the_parents_kept_connection():
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_reusing_the_parents_names_and_lock_objects_has_its_own_connections():
+    # Keys and targets are cached per name across lock objects (engine._specs): a child must
+    # not be handed the parent's target, nor use the kept connections of a lock made before.
+    lock = Lock("direct-fork-same")
+    lock.acquire()
+    lock.release()
+    parent_runner = lock._spec().target.runner
+    assert parent_runner._idle
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            fresh = Lock("direct-fork-same")
+            own = fresh._spec().target.runner is not parent_runner and not parent_runner._idle
+            for _ in range(300):
+                fresh.acquire()
+                fresh.release()
+                lock.acquire()  # made before the fork
+                lock.release()
+            code = 0 if own else 2
+        finally:
+            os._exit(code)
+    for _ in range(300):
+        lock.acquire()
+        lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_a_timeout_is_not_repeated_and_leaves_nothing_unread(url):
     client = redis.Redis.from_url(url, socket_timeout=0.3)
     runner = command_runner(client)

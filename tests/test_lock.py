@@ -652,3 +652,18 @@ def test_every_key_a_script_touches_is_declared_and_in_the_locks_slot(redis_clie
             keys = [command[1]] if len(command) > 1 else []
             assert set(keys) <= declared, (command, declared)
     assert scripts_run >= 8
+
+
+def test_a_lock_made_after_the_settings_change_uses_the_new_namespace(redis_client):
+    # Keys are cached per name across lock objects: the cache must follow the settings.
+    from django.test import override_settings
+
+    with Lock("ns-cache"):
+        assert redis_client.exists(keyspace(None).lock("ns-cache"))
+    other = {**settings.REDISLOCK, "KEY_PREFIX": "otherns"}
+    with override_settings(REDISLOCK=other), Lock("ns-cache"):
+        assert redis_client.exists(keyspace(None).lock("ns-cache"))
+        assert keyspace(None).lock("ns-cache").startswith("otherns:")
+    with Lock("ns-cache"):
+        assert not redis_client.exists("otherns:lock:{ns-cache}")
+        assert redis_client.exists(keyspace(None).lock("ns-cache"))
