@@ -660,7 +660,7 @@ def test_a_lock_made_after_the_settings_change_uses_the_new_namespace(redis_clie
 
     with Lock("ns-cache"):
         assert redis_client.exists(keyspace(None).lock("ns-cache"))
-    other = {**settings.REDISLOCK, "KEY_PREFIX": "otherns"}
+    other = {**getattr(settings, "REDISLOCK", {}), "KEY_PREFIX": "otherns"}
     with override_settings(REDISLOCK=other), Lock("ns-cache"):
         assert redis_client.exists(keyspace(None).lock("ns-cache"))
         assert keyspace(None).lock("ns-cache").startswith("otherns:")
