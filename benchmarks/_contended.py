@@ -35,7 +35,7 @@ OURS_FORKED = c.OURS + FORKED
 PRL_FORKED = c.PRL + FORKED
 CONTENDED_PEERS = (c.OURS, c.PRL, c.REDIS_PY_SLOW, c.REDIS_PY_FAST, OURS_FORKED, PRL_FORKED)
 #: The last two are floors: no lock object, just a cycle's round trips (see :func:`many_keys`).
-MANY_KEYS_PEERS = (c.OURS, c.REDIS_PY_FAST, c.PRL, c.PING2, c.MINIMAL_LUA)
+MANY_KEYS_PEERS = (c.OURS, c.REDIS_PY_FAST, c.PRL, c.PING2, c.MINIMAL_LUA, c.OURS_SCRIPTS)
 #: An acquisition that waited longer than this counts as a stall (a lost hand-off, a long poll).
 STALL_S = 1.0
 
@@ -282,10 +282,10 @@ def _floor_op(peer: str, conn: Any) -> Any:
             return True
 
         return ping2
-    if peer == c.MINIMAL_LUA:
-        from benchmarks._uncontended import minimal_lua
+    if peer in (c.MINIMAL_LUA, c.OURS_SCRIPTS):
+        from benchmarks._uncontended import minimal_lua, scripts_cycle
 
-        cycle = minimal_lua(conn)
+        cycle = minimal_lua(conn) if peer == c.MINIMAL_LUA else scripts_cycle()
         process = c.WORKER.get("index", 0)
 
         def minimal(name: str, deadline: float) -> bool:
@@ -764,4 +764,9 @@ def many_keys_notes(res: dict[str, Any]) -> list[str]:
     return [
         f"{res['runs']} runs x {res['rounds']} rounds x {res['duration']:g} s per peer; an "
         "operation = construct the lock, acquire, release (latency of all three).",
+        "Floor rows, same processes and threads, no lock object: two PINGs through redis-py's "
+        "pool; the minimal Lua lock and our own two scripts (with the arguments a Lock sends) "
+        "on the kept connection our scripts use, one owner per thread, a busy key retried at "
+        "once. The last row is what our protocol costs without the engine; the gap between it "
+        "and the first is the Python engine (hold table, watchdog, statistics, wake-ups).",
     ]

@@ -153,6 +153,37 @@ def minimal_lua(conn: Any) -> Callable[[str, str], bool]:
     return cycle
 
 
+def scripts_cycle() -> Callable[[str, str], bool]:
+    """Our acquire and release scripts on any name, without the engine: ``cycle(name, owner)``
+    takes and releases ``name`` with the arguments ``Lock`` sends (built from the engine's own
+    key space and settings), on the kept connection ``Lock`` uses; ``False`` when another owner
+    holds it. No lock object, hold table, watchdog, statistics or wake-up: what our protocol
+    costs, for section 3's floor row."""
+    from django_redislock import Lock, engine, holds, scripts
+
+    probe = Lock("bench:scripts-floor", auto_renew=False)
+    spec = probe._spec()
+    space, run = spec.target.keys, spec.target.runner
+    wake = list(spec.wake_args)
+    meta, here = holds.metadata(), holds.process_token()
+    entry_ms = int((spec.lease + engine.ENTRY_MARGIN) * 1000)
+    acquire, release = scripts.ACQUIRE, scripts.RELEASE
+    keys: dict[str, list[str]] = {}
+
+    def cycle(name: str, owner: str) -> bool:
+        found = keys.get(name)
+        if found is None:
+            found = keys[name] = [space.lock(name), space.fence(name), space.queue(name)]
+        state = acquire(run, found, [owner, spec.lease_ms, meta, "", entry_ms, "", "0", *wake])
+        if int(state[0]) != 1:
+            return False
+        if int(release(run, found, [owner, "0", *wake, here])) != 0:
+            raise RuntimeError("scripts floor: a lock just taken was not released")
+        return True
+
+    return cycle
+
+
 def _minimal_lua(conn: Any, name: str) -> Callable[[], None]:
     cycle = minimal_lua(conn)
 
