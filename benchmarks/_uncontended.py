@@ -426,8 +426,11 @@ def _ladder(rounds: int, per_round: int) -> list[dict[str, Any]]:
     """Cumulative ablations of one default cycle, interleaved: what each engine piece costs.
 
     Each rung removes one more piece (private API, monkeypatched in this process only):
-    the busy-path machinery on the first attempt (generator, driver, ``Waiter``), the holder
-    metadata, auto-renewal, the statistics (``stats.record``), down to our two scripts alone.
+    what a blocking first attempt prepares for a busy lock (``Waiter``, its registration, the
+    queue arguments), the holder metadata, auto-renewal, the statistics (``stats.record``), down
+    to our two scripts alone. Every rung runs its scripts where ``Lock`` does (the kept
+    connection, ``spec.target.runner``), so each step is one piece of the engine and nothing
+    else.
     """
     from django_redislock import Lock, connection, holds, scripts, stats
     from django_redislock.engine import ENTRY_MARGIN
@@ -448,7 +451,7 @@ def _ladder(rounds: int, per_round: int) -> list[dict[str, Any]]:
             entry_ms = int((spec.lease + ENTRY_MARGIN) * 1000)
             call = self._acquire_call(spec, owner, data, "", "", entry_ms)
             with connection.backend_errors(call.action):
-                state, value, extra = call.script(spec.target.client, call.keys, call.args)
+                state, value, extra = call.script(spec.target.runner, call.keys, call.args)
             if int(state) != 1:
                 raise RuntimeError("ladder lock was busy")
             return self._acquired(spec, owner, int(value), int(extra), started, False)
@@ -482,7 +485,7 @@ def _ladder(rounds: int, per_round: int) -> list[dict[str, Any]]:
     spec, owner = bare._spec(), bare.owner
     acquire = bare._acquire_call(spec, owner, meta, "", "", 2000)
     release, _ = bare._release_call(False, owner)
-    client = spec.target.client
+    client = spec.target.runner
 
     def scripts_only() -> None:
         scripts.ACQUIRE(client, acquire.keys, acquire.args)
@@ -490,7 +493,7 @@ def _ladder(rounds: int, per_round: int) -> list[dict[str, Any]]:
 
     rungs: dict[str, Callable[[], None]] = {
         "default Lock cycle": plain(rung("bench:ladder:a", False, False, None)),
-        "- busy-path machinery on the first attempt (fast path)": plain(
+        "- wake-up preparation of a blocking first attempt (Waiter)": plain(
             rung("bench:ladder:b", True, False, None)
         ),
         "- holder metadata (constant)": plain(rung("bench:ladder:c", True, True, None)),
