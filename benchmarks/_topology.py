@@ -514,10 +514,16 @@ def outage_probe(
     return {"events": events, "before": before, "release_errors": release_errors}
 
 
-def outage_figures(reply: dict[str, Any], t_kill: float) -> dict[str, Any]:
-    """One repeat's figures from the probe's calls and the kill instant."""
+def outage_figures(
+    reply: dict[str, Any], t_kill: float, t_gone: float | None = None
+) -> dict[str, Any]:
+    """One repeat's figures from the probe's calls, the kill instant and the instant the killed
+    process was gone (``None``: the kill instant). Recovery is the first acquisition that started
+    after the process was gone; one that the dying process answered before is neither a
+    recovery nor an error."""
+    gone = t_kill if t_gone is None else t_gone
     after = [e for e in reply["events"] if e[0] >= t_kill]
-    first = next((e for e in after if e[2]), None)
+    first = next((e for e in after if e[2] and e[0] >= gone), None)
     errors: dict[str, int] = {}
     for t0, _t1, ok, error in after:
         if not ok and (first is None or t0 < first[0]):
@@ -610,11 +616,14 @@ def _repeat(
     )
     c.sleep_until(kill_at)
     t_kill = time.perf_counter()
-    victim = kill()
-    flag.write_text(repr(t_kill))
+    victim = kill()  # returns once the process is gone (SIGKILL, then wait)
+    t_gone = time.perf_counter()
+    # The probe looks for recovery from here on: a call the dying process still answered in
+    # the instant between the signal and its end is not a recovery.
+    flag.write_text(repr(t_gone))
     promoted_s = wait_promoted(victim)
     reply = pool.collect([worker], timeout=max_after + lead + 60)[0]
-    figures = outage_figures(reply, t_kill)
+    figures = outage_figures(reply, t_kill, t_gone)
     figures["promoted_s"] = promoted_s
     return figures, victim
 
@@ -743,7 +752,8 @@ def failover_notes(res: dict[str, Any]) -> list[str]:
         + f". Probe: one thread, a fresh lock name per attempt on the killed primary, "
         f"blocking_timeout {PROBE_WAIT:g} s, {PROBE_PAUSE * 1e3:g} ms pause after a failed "
         "attempt.",
-        "outage: SIGKILL -> return of the first acquisition that started after it; promotion: "
+        "outage: SIGKILL -> return of the first acquisition that started after the killed "
+        "process was gone; promotion: "
         "SIGKILL -> the harness sees a replica serving the slots (Cluster, every node agreeing) "
         "or every sentinel naming the new primary (polled every 0.1 s). Errors are the "
         "LockBackendError causes the probe saw before it recovered.",

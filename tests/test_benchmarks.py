@@ -190,3 +190,23 @@ def test_quick_run_of_every_section(tmp_path: Path) -> None:
         assert cells == width, line
     assert "----- Markdown (paste into the README) -----" in output
     assert "Checks" in output
+
+
+def test_a_call_the_dying_primary_answered_is_not_a_recovery() -> None:
+    # Section 10: SIGKILL takes a moment to end a process; an acquisition it still answered
+    # in that moment once read as a 0.00 s outage with errors "after recovery".
+    import importlib
+
+    # By name: the benchmark modules are not part of the typed code (`make type`).
+    outage_figures = importlib.import_module("benchmarks._topology").outage_figures
+    events = [
+        (10.0005, 10.0010, True, ""),  # answered by the dying primary
+        (10.002, 10.5, False, "ConnectionError"),
+        (12.0, 12.01, True, ""),  # the promoted replica
+        (12.02, 12.03, True, ""),
+    ]
+    reply = {"events": events, "before": 5, "release_errors": 0}
+    figures = outage_figures(reply, t_kill=10.0, t_gone=10.001)
+    assert figures["outage_s"] == pytest.approx(2.01)
+    assert figures["failed_calls"] == 1
+    assert figures["errors_after_recovery"] == 0
