@@ -58,18 +58,9 @@ class AsyncLock(engine.LockBase):
         self, blocking: bool | None = None, blocking_timeout: float | None = None
     ) -> bool:
         """Take the lock; ``False`` when not acquired in time. One deadline covers every wait."""
-        attempt = self._begin(blocking, blocking_timeout)
-        if attempt is None:  # independent masters: their own flow
-            return bool(await engine.adrive(self, self._acquire_flow(blocking, blocking_timeout)))
-        try:
-            reply = await attempt.call.async_(self)  # type: ignore[union-attr]
-        except BaseException as exc:
-            first: tuple[Any, BaseException | None] = (None, exc)
-        else:
-            if self._won(attempt, reply):
-                return True
-            first = (reply, None)
-        return bool(await engine.adrive(self, self._acquire_flow(None, None, attempt, first)))
+        attempt = self._begin(blocking, blocking_timeout)  # None: independent masters' flow
+        work = attempt or self._acquire_flow(blocking, blocking_timeout)
+        return bool(await engine.adrive(self, work))
 
     async def release(self, *, all_holds: bool = False) -> None:
         """Drop one hold (every hold with ``all_holds``); the last one frees the lock.

@@ -8,9 +8,9 @@ sends the signals; a face only performs the I/O. The multi-step acquisition is a
 :class:`Sleep`, :class:`Subscribe`) and receives their results; :func:`drive` runs it with blocking
 calls, :func:`adrive` with ``await``. So queueing, claiming, deadlines, retries and clean-up on
 interruption exist once, whichever face waits. Most acquisitions take a free lock with their first
-call, so a face makes that call itself (:meth:`LockBase._begin` prepares it, :meth:`LockBase._won`
-records a success) and starts the flow, with that call's outcome, only when it did not: the
-uncontended path runs no generator.
+call, so the drivers start from that call (:meth:`LockBase._begin` prepares it,
+:meth:`LockBase._won` records a success) and create the flow, with the call's outcome, only when
+it did not: the uncontended path runs no generator.
 
 How a contended acquisition works (the README has the long version): the acquire script queues the
 waiter in Redis (FIFO) and returns the holder's remaining lease; the waiter sleeps, holding no
@@ -382,24 +382,47 @@ quorum = QuorumHooks()
 
 @dataclass(slots=True)
 class _Stepper:
-    """Advances a flow by one operation's outcome; shared by both drivers."""
+    """Advances a flow by one operation's outcome; shared by both drivers.
 
-    flow: Flow
+    Started from an :class:`Attempt` (see :meth:`LockBase._begin`), its first operation is the
+    attempt's first call, and the acquire flow is only created when that call did not take the
+    lock: an uncontended acquisition runs no generator.
+    """
+
+    flow: Flow | None
     op: Op | None = None
     value: Any = None
     done: bool = False
+    face: Any = None
+    attempt: Attempt | None = None
+
+    @classmethod
+    def of(cls, face: LockBase, work: Flow | Attempt) -> _Stepper:
+        if isinstance(work, Attempt):
+            return cls(None, work.call, None, False, face, work)
+        stepper = cls(work)
+        stepper.step()
+        return stepper
 
     def step(self, reply: Any = None, error: BaseException | None = None) -> None:
+        attempt = self.attempt
+        if attempt is not None:  # the outcome of the attempt's first call
+            self.attempt = None
+            if error is None and self.face._won(attempt, reply):
+                self.done, self.value = True, True
+                return
+            self.flow = self.face._acquire_flow(None, None, attempt, (reply, error))
+            reply = error = None  # the flow takes the outcome from there
+        assert self.flow is not None
         try:
             self.op = self.flow.send(reply) if error is None else self.flow.throw(error)
         except StopIteration as stop:
             self.done, self.value = True, stop.value
 
 
-def drive(face: LockBase, flow: Flow) -> Any:
-    """Run a flow with blocking I/O."""
-    stepper = _Stepper(flow)
-    stepper.step()
+def drive(face: LockBase, flow: Flow | Attempt) -> Any:
+    """Run a flow (or an acquisition from its first call) with blocking I/O."""
+    stepper = _Stepper.of(face, flow)
     while not stepper.done:
         assert stepper.op is not None
         try:
@@ -411,10 +434,9 @@ def drive(face: LockBase, flow: Flow) -> Any:
     return stepper.value
 
 
-async def adrive(face: LockBase, flow: Flow) -> Any:
+async def adrive(face: LockBase, flow: Flow | Attempt) -> Any:
     """Run a flow with ``await``: the same steps as :func:`drive`."""
-    stepper = _Stepper(flow)
-    stepper.step()
+    stepper = _Stepper.of(face, flow)
     while not stepper.done:
         assert stepper.op is not None
         work = stepper.op.async_(face)

@@ -50,18 +50,9 @@ class Lock(engine.LockBase):
 
     def acquire(self, blocking: bool | None = None, blocking_timeout: float | None = None) -> bool:
         """Take the lock; ``False`` when not acquired in time. One deadline covers every wait."""
-        attempt = self._begin(blocking, blocking_timeout)
-        if attempt is None:  # independent masters: their own flow
-            return bool(engine.drive(self, self._acquire_flow(blocking, blocking_timeout)))
-        try:
-            reply = attempt.call.sync(self)  # type: ignore[union-attr]
-        except BaseException as exc:
-            first: tuple[Any, BaseException | None] = (None, exc)
-        else:
-            if self._won(attempt, reply):
-                return True
-            first = (reply, None)
-        return bool(engine.drive(self, self._acquire_flow(None, None, attempt, first)))
+        attempt = self._begin(blocking, blocking_timeout)  # None: independent masters' flow
+        work = attempt or self._acquire_flow(blocking, blocking_timeout)
+        return bool(engine.drive(self, work))
 
     def release(self, *, all_holds: bool = False) -> None:
         """Drop one hold (every hold with ``all_holds``); the last one frees the lock.
