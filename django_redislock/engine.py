@@ -682,12 +682,12 @@ class LockBase:
 
     # -- acquire ------------------------------------------------------------------------------
     def _wait_limit(self, blocking_timeout: float | None) -> float | None:
-        limit = check_seconds(blocking_timeout, "blocking_timeout", allow_none=True)
-        if limit is None:
-            limit = self._blocking_timeout
-        if limit is None:
-            limit = get_settings().blocking_timeout
-        return limit
+        limit = (
+            self._blocking_timeout
+            if blocking_timeout is None
+            else check_seconds(blocking_timeout, "blocking_timeout")
+        )
+        return get_settings().blocking_timeout if limit is None else limit
 
     #: The acquire script of this kind, and what its 7th argument is (``_limit_arg``).
     _acquire_script: ClassVar[scripts.Script] = scripts.ACQUIRE
@@ -736,18 +736,11 @@ class LockBase:
             blocking = self._blocking
         elif blocking is not True and blocking is not False:
             blocking = check_bool(blocking, "blocking")
-        limit = (
-            self._blocking_timeout
-            if blocking_timeout is None
-            else check_seconds(blocking_timeout, "blocking_timeout")
-        )
-        if limit is None:
-            limit = target.settings.blocking_timeout
+        limit = self._wait_limit(blocking_timeout)
         meta = holds.metadata(self._task_id, queued=self._queued)
         owner = self._owner or self._default_owner()
         started = time.monotonic()
         deadline = float("inf") if limit is None else started + limit
-        waiter_id = ""
         waiter: wakeups.Waiter | None = None
         listener: Any = None
         queued = False
@@ -757,13 +750,9 @@ class LockBase:
             wakeups.register(waiter)  # before reading `ready`: see Listener._run
             # Queue at the first attempt only when hand-offs can reach us already (subscribed).
             queued = listener.ready.is_set()
-            if queued:
-                waiter_id = waiter.id
-        entry_ms = int((max(min(deadline - started, spec.lease), 0.0) + ENTRY_MARGIN) * 1000)
-        call = self._acquire_call(spec, owner, meta, waiter_id, "", entry_ms)
-        call.replicas = target.replicas
-        call.replicas_timeout_ms = target.replicas_timeout_ms
-        return Attempt(spec, owner, meta, started, deadline, waiter, listener, queued, call)
+        attempt = Attempt(spec, owner, meta, started, deadline, waiter, listener, queued)
+        attempt.call = self._attempt_call(attempt, "")
+        return attempt
 
     def _attempt_call(self, attempt: Attempt, entry: str) -> Call:
         """The next acquire call of ``attempt`` (``entry``: its queue entry, "" for none)."""

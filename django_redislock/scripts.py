@@ -124,19 +124,11 @@ class Script:
         # execute_command directly: redis-py's evalsha() wrapper (argument deprecation checks)
         # costs a few microseconds per call on the hot path, for the same command.
         try:
-            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return self._load_and_call(client, keys, args)
-        except ResponseError as exc:
-            if isinstance(exc, _MIGRATING):
-                raise
-            raise self._named(exc) from exc
-
-    def _load_and_call(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """After ``NOSCRIPT``: load the source, run it once more."""
-        try:
-            client.script_load(self.source)
-            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+            try:
+                return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                client.script_load(self.source)
+                return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
         except ResponseError as exc:
             if isinstance(exc, _MIGRATING):
                 raise
@@ -157,16 +149,7 @@ class Script:
     def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run the script; on a Cluster, retried while its slot is being migrated."""
         try:
-            # The first step of _call inlined: this is every lock operation's path.
-            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            try:
-                return self._load_and_call(client, keys, args)
-            except _MIGRATING:
-                pass
-        except ResponseError as exc:
-            if not isinstance(exc, _MIGRATING):
-                raise self._named(exc) from exc
+            return self._call(client, keys, args)
         except _MIGRATING:
             pass
         for pause in _migration_pauses():
