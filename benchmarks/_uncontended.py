@@ -19,12 +19,18 @@ Besides the three libraries, reference rows locate our cost:
   and delete), one key and two arguments like redis-py's release: what moving redis-py's
   ``SET NX`` into a script costs, before any feature (fencing token, re-entrancy, queue,
   holder record).
+
+The other rows reuse one lock object. Two more build a new lock object per cycle on a name never
+used before (``Lock(f"order:{pk}")`` with a new ``pk`` each time), ours and redis-py's: nothing
+kept per name or per object (our keys and script arguments, cached per name) can help there.
+The ratio of ours in that row is to redis-py's in its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import cProfile
+import itertools
 import pstats
 import statistics
 import time
@@ -34,6 +40,9 @@ from typing import Any
 from benchmarks import _common as c
 from benchmarks._common import DASH, X
 
+#: A new lock object per cycle on a name never used before (see the module docstring).
+OURS_FRESH = "django-redislock, new name per cycle"
+REDIS_PY_FRESH = "redis-py Lock, new name per cycle"
 PEERS = (
     c.OURS,
     c.OURS_NO_RENEW,
@@ -44,7 +53,11 @@ PEERS = (
     c.PING2,
     c.EMPTY_SCRIPTS,
     c.MINIMAL_LUA,
+    OURS_FRESH,
+    REDIS_PY_FRESH,
 )
+#: The row a peer's "x redis-py" ratio is taken against (redis-py's ``Lock`` unless named).
+REFERENCE = {OURS_FRESH: REDIS_PY_FRESH}
 WARMUP = 5  # untimed cycles at the start of every block (rebuilt caches after a settings swap)
 
 
@@ -77,6 +90,9 @@ def _peer_cycles(conn: Any) -> dict[str, tuple[Callable[[], None], Callable[[], 
         if peer == c.MINIMAL_LUA:
             cycles[peer] = (_minimal_lua(conn, f"bench:uc:{i}"), contextlib.nullcontext)
             continue
+        if peer in (OURS_FRESH, REDIS_PY_FRESH):
+            cycles[peer] = (_fresh_names(peer, conn, f"bench:uc:{i}"), contextlib.nullcontext)
+            continue
         lock = c.make_lock(peer, f"bench:uc:{i}", conn)
 
         def cycle(lock: Any = lock) -> None:
@@ -85,6 +101,28 @@ def _peer_cycles(conn: Any) -> dict[str, tuple[Callable[[], None], Callable[[], 
 
         cycles[peer] = (cycle, _stats_off if peer == c.OURS_NO_STATS else contextlib.nullcontext)
     return cycles
+
+
+def _fresh_names(peer: str, conn: Any, prefix: str) -> Callable[[], None]:
+    """A cycle that makes a new lock object on a name never used before: ``<prefix>:<n>``."""
+    numbers = itertools.count()
+    if peer == OURS_FRESH:
+        from django_redislock import Lock
+
+        def ours() -> None:
+            lock = Lock(f"{prefix}:{next(numbers)}")
+            lock.acquire()
+            lock.release()
+
+        return ours
+    from redis.lock import Lock as RedisPyLock
+
+    def redis_py() -> None:
+        lock = RedisPyLock(conn, f"{prefix}:{next(numbers)}", timeout=c.LEASE, sleep=0.1)
+        lock.acquire()
+        lock.release()
+
+    return redis_py
 
 
 def _scripts_only(name: str, *, empty: bool = False) -> Callable[[], None]:
@@ -237,7 +275,7 @@ def run(runs: int, rounds: int, per_round: int, count_cycles: int) -> dict[str, 
             metrics[peer] = {
                 "median_us": statistics.median(b.samples) * 1e6,
                 "p99_us": c.percentile(b.samples, 0.99) * 1e6,
-                "x_redis_py": b.ratio(blocks[c.REDIS_PY]),
+                "x_redis_py": b.ratio(blocks[REFERENCE.get(peer, c.REDIS_PY)]),
                 "x_2ping": b.ratio(blocks[c.PING2]),
                 "redis_cpu_us": b.server_cpu_s / n * 1e6,
                 "redis_time_us": rt["total_us"],
@@ -565,6 +603,8 @@ _LABELS = {
     c.PING2: "floor: 2 x PING",
     c.EMPTY_SCRIPTS: "floor: 2 x EVALSHA of `return 1`, our keys and arguments",
     c.MINIMAL_LUA: "floor: minimal Lua lock (SET NX PX script; GET+DEL script)",
+    OURS_FRESH: "django-redislock, new `Lock` on a new name per cycle (ratio: to the next row)",
+    REDIS_PY_FRESH: "redis-py `Lock`, new object on a new name per cycle",
 }
 
 

@@ -350,7 +350,10 @@ _PACKABLE = frozenset({str, bytes, int})
 def _hiredis_packed(pack: Callable[[tuple[Any, ...]], bytes], args: tuple[Any, ...]) -> list[bytes]:
     """``args`` packed by hiredis as redis-py's packers do ("SCRIPT LOAD" is two arguments).
     Only for arguments of the :data:`_PACKABLE` types."""
-    name = args[0].encode() if isinstance(args[0], str) else args[0]
+    name = args[0]
+    if type(name) is str and " " not in name:  # EVALSHA: the same bytes, without the copy
+        return [pack(args)]
+    name = name.encode() if isinstance(name, str) else name
     return [pack((*name.split(), *args[1:]))]
 
 

@@ -247,6 +247,8 @@ class Call(Op):
     #: Applied to the script's reply before anything else looks at it (a release wakes a waiter
     #: of this process it handed the lock to: :func:`_woken_here`).
     after: Callable[[Any], Any] | None = None
+    #: Where it runs, when the builder knew it (``None``: the face's current target).
+    target: Target | None = None
 
     def _checked(self, reply: Any, acked: int) -> Any:
         if acked < self.replicas:
@@ -256,7 +258,8 @@ class Call(Op):
     def sync(self, face: LockBase) -> Any:
         if not self.replicas:  # every lock operation's path: _sync's first branch, inline
             try:
-                reply = self.script(face._spec().target.runner, self.keys, self.args)
+                target = self.target or face._spec().target
+                reply = self.script(target.runner, self.keys, self.args)
             except redis_errors.RedisError as exc:
                 if not connection.is_pool_exhausted(exc):
                     raise connection.backend_error(exc, self.action) from exc
@@ -282,7 +285,7 @@ class Call(Op):
             pause = min(pause * 2, 0.05)
 
     def _sync(self, face: LockBase) -> Any:
-        target = face._spec().target
+        target = self.target or face._spec().target
         try:
             if not self.replicas:
                 reply = self.script(target.runner, self.keys, self.args)
@@ -500,10 +503,14 @@ class Attempt:
     meta: str
     started: float
     deadline: float  # monotonic; inf: wait for ever
-    waiter: wakeups.Waiter | None  # None: a non-blocking attempt (never queues)
-    listener: Any
+    listener: Any  # None: a non-blocking attempt (never queues)
     #: Whether attempts pass the waiter id (queue when busy): once hand-offs can reach us.
     queued: bool
+    waiter_id: str  # "" until needed
+    #: ``listener.connections`` when the first call was sent (see :meth:`LockBase._waiter`).
+    generation: int
+    #: Registered only when the first call finds the lock busy (most acquisitions never wait).
+    waiter: wakeups.Waiter | None = None
     call: Call | None = None
 
 
@@ -511,6 +518,20 @@ class LockBase:
     """Everything about a lock except I/O; see the module docstring."""
 
     kind: ClassVar[str] = "lock"
+    # The defaults of the constructor's options (``__init__`` stores only the others).
+    _timeout: float | None = None
+    _blocking: bool = True
+    _blocking_timeout: float | None = None
+    _auto_renew: bool | None = None
+    reentrant: bool = True
+    using: str | None = None
+    _owner: str | None = None
+    _task_id: str | None = None
+    _queued: bool = False
+    quiet: bool = False
+    report_busy: bool = True
+    on_commit: bool | str = False
+    _spec_cache: _Spec | None = None
 
     def __init__(
         self,
@@ -530,48 +551,54 @@ class LockBase:
         quiet: bool = False,
         report_busy: bool = True,
     ) -> None:
-        # Every argument is validated here; the common values pass an identity test first
+        # Every argument is validated here; the common values pass an identity test first,
+        # and an argument left at its default is not stored: the class attributes below answer
         # (a lock object per call is the usual pattern, so construction is on the hot path).
         if type(name) is not str or not 0 < len(name) <= MAX_NAME_LENGTH or not name.isascii():
             check_name(name)
         self.name = name
-        self._timeout = (
-            None
-            if timeout is None
-            else check_seconds(timeout, "timeout", minimum=MIN_LEASE, allow_none=True)
-        )
-        self._blocking = (
-            blocking if blocking is True or blocking is False else _flag(blocking, "blocking")
-        )
-        self._blocking_timeout = (
-            None
-            if blocking_timeout is None
-            else check_seconds(blocking_timeout, "blocking_timeout", allow_none=True)
-        )
-        self._auto_renew = auto_renew if auto_renew is None else _flag(auto_renew, "auto_renew")
-        self.reentrant = reentrant if reentrant is True else _flag(reentrant, "reentrant")
-        if using is not None and (not isinstance(using, str) or not using):
-            raise TypeError(
-                f"using must be a CACHES alias (a non-empty str) or None, not {using!r}"
+        if timeout is not None:
+            self._timeout = check_seconds(timeout, "timeout", minimum=MIN_LEASE, allow_none=True)
+        if blocking is not True:
+            self._blocking = blocking if blocking is False else _flag(blocking, "blocking")
+        if blocking_timeout is not None:
+            self._blocking_timeout = check_seconds(
+                blocking_timeout, "blocking_timeout", allow_none=True
             )
-        self.using = using
-        self._owner = None if owner is None else check_owner(owner)
-        if task_id is not None and not isinstance(task_id, str):
-            raise TypeError(f"task_id must be a str or None, not {type(task_id).__name__}")
-        self._task_id = task_id
-        self._queued = queued if queued is False else _flag(queued, "queued")
+        if auto_renew is not None:
+            self._auto_renew = _flag(auto_renew, "auto_renew")
+        if reentrant is not True:
+            self.reentrant = _flag(reentrant, "reentrant")
+        if using is not None:
+            if not isinstance(using, str) or not using:
+                raise TypeError(
+                    f"using must be a CACHES alias (a non-empty str) or None, not {using!r}"
+                )
+            self.using = using
+        if owner is not None:
+            self._owner = check_owner(owner)
+        if task_id is not None:
+            if not isinstance(task_id, str):
+                raise TypeError(f"task_id must be a str or None, not {type(task_id).__name__}")
+            self._task_id = task_id
+        if queued is not False:
+            self._queued = _flag(queued, "queued")
         self.stats_name = stats_name or stats_shape(name)
         #: For integrations that report their own events (single-flight publishes): no signals
         #: and no statistics for this object (``quiet``), or none for busy attempts.
-        self.quiet = quiet if quiet is False else _flag(quiet, "quiet")
-        self.report_busy = report_busy if report_busy is True else _flag(report_busy, "report_busy")
-        if on_commit is not False and not isinstance(on_commit, (bool, str)):
-            raise TypeError(f"on_commit must be True, False or a database alias, not {on_commit!r}")
-        self.on_commit = on_commit
+        if quiet is not False:
+            self.quiet = _flag(quiet, "quiet")
+        if report_busy is not True:
+            self.report_busy = _flag(report_busy, "report_busy")
+        if on_commit is not False:
+            if not isinstance(on_commit, (bool, str)):
+                raise TypeError(
+                    f"on_commit must be True, False or a database alias, not {on_commit!r}"
+                )
+            self.on_commit = on_commit
         # owner -> the last Hold this object took for that owner (kept after release or loss so
         # ``fencing_token`` and ``lost`` still answer).
         self._last: dict[str, Hold] = {}
-        self._spec_cache: _Spec | None = None
 
     def __repr__(self) -> str:
         return (
@@ -699,9 +726,27 @@ class LockBase:
     def _acquire_call(
         self, spec: _Spec, owner: str, meta: str, waiter: str, entry: str, entry_ms: int
     ) -> Call:
-        args = [owner, spec.lease_ms, meta, waiter, entry_ms, entry, self._limit_arg()]
-        args += spec.wake_args
-        return Call(self._acquire_script, spec.script_keys, args, spec.acquire_action)
+        target = spec.target
+        return Call(
+            self._acquire_script,
+            spec.script_keys,
+            [
+                owner,
+                spec.lease_ms,
+                meta,
+                waiter,
+                entry_ms,
+                entry,
+                self._limit_arg(),
+                *spec.wake_args,
+            ],
+            spec.acquire_action,
+            False,
+            target.replicas,  # see _replicated
+            target.replicas_timeout_ms,
+            None,
+            target,
+        )
 
     def _cancel_call(self, spec: _Spec, owner: str, waiter: str, entry: str, take: bool) -> Call:
         return Call(
@@ -720,7 +765,7 @@ class LockBase:
 
     def _io(self, call: Call) -> Op:
         """The operation that runs ``call`` where this lock lives (every master for Redlock)."""
-        if self._spec().target.masters:
+        if (call.target or self._spec().target).masters:
             return quorum.op(self, call)  # type: ignore[no-any-return]
         return call
 
@@ -741,18 +786,43 @@ class LockBase:
         owner = self._owner or self._default_owner()
         started = time.monotonic()
         deadline = float("inf") if limit is None else started + limit
-        waiter: wakeups.Waiter | None = None
         listener: Any = None
         queued = False
+        waiter_id = ""
+        generation = 0
         if blocking and limit != 0:
-            waiter = wakeups.Waiter(holds.new_waiter_id(), loop=self._loop())
             listener = target.listener()
-            wakeups.register(waiter)  # before reading `ready`: see Listener._run
-            # Queue at the first attempt only when hand-offs can reach us already (subscribed).
+            # Queue at the first attempt only when hand-offs can reach us already (subscribed);
+            # the waiter itself is registered if the lock is busy (_waiter).
             queued = listener.ready.is_set()
-        attempt = Attempt(spec, owner, meta, started, deadline, waiter, listener, queued)
+            if queued:
+                waiter_id = holds.new_waiter_id()
+                generation = listener.connections
+        attempt = Attempt(
+            spec, owner, meta, started, deadline, listener, queued, waiter_id, generation
+        )
         attempt.call = self._attempt_call(attempt, "")
         return attempt
+
+    def _waiter(self, attempt: Attempt) -> wakeups.Waiter:
+        """Register the waiter of an attempt whose first call found the lock busy.
+
+        That call may have queued it already, so a hand-off can come before this registration:
+        :func:`wakeups.register` takes such a message. A renewed subscription since the call
+        (its messages meanwhile are lost, and the reconnect's wake-up of every waiter missed
+        this one) makes it re-check at once; a listener that stopped meanwhile (it stops when
+        no waiter is registered) is started again through the flow's ``Subscribe``.
+        """
+        waiter = wakeups.Waiter(attempt.waiter_id or holds.new_waiter_id(), loop=self._loop())
+        attempt.waiter, attempt.waiter_id = waiter, waiter.id
+        wakeups.register(waiter)  # before reading `ready`: see Listener._run
+        listener = attempt.listener
+        if attempt.queued:
+            if not listener.ready.is_set():
+                attempt.queued = False
+            elif listener.connections != attempt.generation:
+                waiter.recheck_at = 0.0
+        return waiter
 
     def _attempt_call(self, attempt: Attempt, entry: str) -> Call:
         """The next acquire call of ``attempt`` (``entry``: its queue entry, "" for none)."""
@@ -765,17 +835,14 @@ class LockBase:
             waiter.handed = False
             waiter.token = None
             waiter.recheck_at = float("inf")
-        waiter_id = waiter.id if waiter is not None and attempt.queued else ""
-        call = self._acquire_call(spec, attempt.owner, attempt.meta, waiter_id, entry, entry_ms)
-        return self._replicated(call, spec)
+        waiter_id = attempt.waiter_id if attempt.queued else ""
+        return self._acquire_call(spec, attempt.owner, attempt.meta, waiter_id, entry, entry_ms)
 
     def _won(self, attempt: Attempt, reply: Any) -> bool:
         """Whether the first call's ``reply`` took the lock, which is then recorded (a face that
         made the call itself returns at once; otherwise it runs :meth:`_acquire_flow`)."""
         if reply[0] != 1:
             return False
-        if attempt.waiter is not None:
-            wakeups.unregister(attempt.waiter)
         return self._acquired(
             attempt.spec, attempt.owner, int(reply[1]), int(reply[2]), attempt.started, False
         )
@@ -843,8 +910,11 @@ class LockBase:
                         "acquiring it again would deadlock.",
                     )
                 contended = True
-                if waiter is None or listener is None:
+                if listener is None:
                     return self._failed(started)
+                if waiter is None:
+                    waiter = self._waiter(attempt)
+                entry = _text(extra)  # "" when not queued
                 if not attempt.queued:
                     if not (yield Subscribe(listener, _subscribe_timeout(spec.target))):
                         logger.warning(
@@ -854,7 +924,6 @@ class LockBase:
                         )
                     attempt.queued = True
                     continue
-                entry = _text(extra)
                 # PTTL -1: a value without expiry (not ours): re-check once per span.
                 span = min(deadline - time.monotonic(), spec.lease)
                 holder_left = int(value) / 1000 if int(value) >= 0 else span
@@ -901,8 +970,9 @@ class LockBase:
     @staticmethod
     def _replicated(call: Call, spec: _Spec) -> Call:
         """``call`` followed by ``WAIT`` for ``REDISLOCK["REPLICAS"]`` replicas, when set."""
-        call.replicas = spec.target.replicas
-        call.replicas_timeout_ms = spec.target.replicas_timeout_ms
+        target = call.target = spec.target
+        call.replicas = target.replicas
+        call.replicas_timeout_ms = target.replicas_timeout_ms
         return call
 
     def _loop(self) -> asyncio.AbstractEventLoop | None:
@@ -994,6 +1064,7 @@ class LockBase:
             [owner, "1" if all_holds else "0", *spec.wake_args, here],
             spec.release_action,
             after=_woken_here,
+            target=spec.target,
         )
         return call, hold
 

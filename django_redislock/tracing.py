@@ -105,13 +105,18 @@ if _trace_api is not None:
         contended: bool,
         token: int | None,
     ) -> None:
+        # No provider set (the usual case without tracing) is told first, without a call: this
+        # runs twice per lock cycle.
+        if not _live and (
+            (not _FROM_ENV and getattr(_trace_api, "_TRACER_PROVIDER", _UNKNOWN) is None)
+            or not _recording()
+        ):
+            return
         if event == "acquired" or event == "failed":
             span_name, measured = ACQUIRE_SPAN, "redislock.waited"
         elif event == "released" or event == "lost":
             span_name, measured = HOLD_SPAN, "redislock.held"
         else:  # counted events that are not a lock's own acquisition or hold
-            return
-        if not _recording():
             return
         end = time.time_ns()
         start = end - int(max(seconds, 0.0) * 1e9)

@@ -140,38 +140,87 @@ def _resolve(future: asyncio.Future[None]) -> None:
 _waiters: dict[str, Waiter] = {}
 _waiters_mutex = threading.Lock()
 
+#: Messages for waiter ids not registered (yet): waiter id -> (monotonic time, kind, value).
+#: An acquisition registers its waiter only when its first call finds the lock busy, and that
+#: call has queued it already, so a hand-off can arrive before the registration; ``register``
+#: takes it from here. Messages for waiters that are gone (a late re-check hint) age out.
+_early: dict[str, tuple[float, str, int | None]] = {}
+#: Seconds an unclaimed early message is kept, and the most kept (oldest dropped first).
+EARLY_TTL = 30.0
+EARLY_MAX = 4096
+
 
 def register(waiter: Waiter) -> None:
-    # One dict operation each, atomic under the GIL: no mutex on every blocking acquisition.
+    """Make ``waiter`` reachable by wake-ups, including one that came before this call.
+
+    Lock-free under the GIL, in the order that cannot lose a message: this stores the waiter,
+    then looks for an early message; :func:`_deliver` stores an early message, then looks for the
+    waiter again. Whichever side pops the message delivers it, so it is delivered exactly once.
+    """
     _waiters[waiter.id] = waiter
+    if _early:
+        early = _early.pop(waiter.id, None)
+        if early is not None:
+            _notify(waiter, early[1], early[2])
 
 
 def unregister(waiter: Waiter) -> None:
     _waiters.pop(waiter.id, None)
 
 
+def _notify(waiter: Waiter, kind: str, value: int | None) -> None:
+    if kind == "h":
+        waiter.notify(handed=True, token=value)
+    elif value is not None:
+        waiter.notify(recheck_in=value / 1000)
+
+
+def _deliver(waiter_id: str, kind: str, value: int | None) -> None:
+    """Wake ``waiter_id`` ("h": handed the lock, ``value`` its token or ``None``; "r": re-check in
+    ``value`` ms), or keep the message for its registration (see :func:`register`)."""
+    waiter = _waiters.get(waiter_id)
+    if waiter is None:
+        now = time.monotonic()
+        _prune_early(now)
+        _early[waiter_id] = (now, kind, value)
+        waiter = _waiters.get(waiter_id)
+        if waiter is None or _early.pop(waiter_id, None) is None:
+            return  # kept for its registration, or taken by it meanwhile
+    _notify(waiter, kind, value)
+
+
+def _prune_early(now: float) -> None:
+    """Drop early messages that are too old, or too many, oldest first (dicts keep insertion
+    order, which is time order here): usually one look at the oldest."""
+    while _early:
+        try:
+            oldest = next(iter(_early))
+            at = _early[oldest][0]
+        except (StopIteration, KeyError, RuntimeError):  # another thread changed it meanwhile
+            return
+        if now - at <= EARLY_TTL and len(_early) < EARLY_MAX:
+            return
+        _early.pop(oldest, None)
+
+
 def hand_over(waiter_id: str, token: int | None) -> None:
     """A release of this process handed the lock to one of its own waiters (``release.lua``
     sends no message for it): wake that waiter here. One that is gone meanwhile has left the
     queue or finds the lock reserved for it in its clean-up (as with a message it missed)."""
-    waiter = _waiters.get(waiter_id)
-    if waiter is not None:
-        waiter.notify(handed=True, token=token)
+    _deliver(waiter_id, "h", token)
 
 
 def _dispatch(data: bytes | str) -> None:
     text = data.decode() if isinstance(data, bytes) else data
     parts = text.split(" ")
-    waiter = _waiters.get(parts[1]) if len(parts) > 1 else None
-    if waiter is None:
-        return
     try:
-        if parts[0] == "h":
-            waiter.notify(handed=True, token=int(parts[2]) if len(parts) > 2 else None)
-        elif parts[0] == "r" and len(parts) > 2:
-            waiter.notify(recheck_in=int(parts[2]) / 1000)
+        if len(parts) < 2 or parts[0] not in ("h", "r") or (parts[0] == "r" and len(parts) < 3):
+            raise ValueError(text)
+        value = int(parts[2]) if len(parts) > 2 else None
     except ValueError:  # not a message of ours: the waiter still re-checks on its own timer
         logger.warning("django_redislock: ignored a malformed wake-up message %r", text[:100])
+        return
+    _deliver(parts[1], parts[0], value)
 
 
 def _wake_all() -> None:
@@ -321,6 +370,7 @@ def listener_for(client: Any, prefix: str, reply_timeout: float | None) -> Liste
 def _after_fork() -> None:
     global _waiters_mutex, _listeners_mutex
     _waiters.clear()
+    _early.clear()
     _listeners.clear()
     _waiters_mutex = threading.Lock()
     _listeners_mutex = threading.Lock()

@@ -135,6 +135,8 @@ def test_quick_run_of_every_section(tmp_path: Path) -> None:
             assert run[floor]["ops_per_s"] > 0 and run[floor]["failures"] == 0, floor
     assert len(results["asyncio"]["contended"]["per_run"]) == plan["aio_c_runs"]
     assert results["uncontended"]["round_trips"]["django-redislock"] == 2
+    for peer in ("django-redislock, new name per cycle", "redis-py Lock, new name per cycle"):
+        assert results["uncontended"]["round_trips"][peer] == 2, peer  # a new name each time
     for floor in ("2 x EVALSHA empty", "minimal Lua lock"):  # reference rows: 2 scripts each
         assert results["uncontended"]["client_sent"][floor] == {"evalsha": 2}, floor
     for run in results["contended"]["per_run"]:

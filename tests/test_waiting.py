@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from django_redislock import Lock, LockBackendError, engine
+from django_redislock import Lock, LockBackendError, engine, wakeups
 from django_redislock.keys import keyspace
 from tests.conftest import ROOT, hand_off_messages, subprocess_env, wait_for
 
@@ -299,3 +299,116 @@ def test_a_release_wakes_a_waiter_of_its_own_process_without_a_message(redis_cli
     first = min(w.acquired_at or float("inf") for w in started)
     assert first - released < 0.5  # not the holder's 30 s lease, nor a re-check
     assert hand_off_messages(spy) == []
+
+
+# -- the waiter is registered only when the first call finds the lock busy ----------------------
+
+
+def _between_first_call_and_registration(monkeypatch, action):
+    """Run ``action(attempt)`` after an acquisition's first call found the lock busy (and queued
+    it) and before its waiter is registered: the window a lazily registered waiter must cover."""
+    original = engine.LockBase._waiter
+    seen: list[Any] = []
+
+    def waiter(self, attempt):
+        if not seen:
+            seen.append(attempt)
+            action(attempt)
+        return original(self, attempt)
+
+    monkeypatch.setattr(engine.LockBase, "_waiter", waiter)
+    return seen
+
+
+def test_a_hand_off_that_comes_before_the_waiter_registers_is_not_lost(redis_client, monkeypatch):
+    holder = Lock("early-hand-off", timeout=30, owner="holder")  # released from the waiter's thread
+    holder.acquire()
+    assert holder._target().listener().ensure(5)  # subscribed: a first call queues
+
+    def release_now(attempt):
+        assert attempt.queued and attempt.waiter_id  # the first call queued it
+        holder.release()  # hands the lock to that waiter: its wake-up comes first
+        assert attempt.waiter_id in wakeups._early  # ... and is kept for the registration
+
+    seen = _between_first_call_and_registration(monkeypatch, release_now)
+    started = time.monotonic()
+    waiter = start_waiter("early-hand-off", blocking_timeout=10)  # another thread: not re-entry
+    waiter.join(10)
+    assert waiter.result is True and waiter.acquired_at is not None, waiter.error
+    assert waiter.acquired_at - started < 2  # not the holder's 30 s lease
+    assert seen and seen[0].waiter_id not in wakeups._early  # taken by the registration
+
+
+def test_a_message_of_a_renewed_subscription_missed_before_registration_costs_no_wait(
+    redis_client, monkeypatch
+):
+    """A reconnect of the listener between the first call and the registration loses messages
+    the registration cannot see, and its wake-up of every waiter missed this one: the waiter
+    re-checks at once instead of at the holder's lease end."""
+    holder = Lock("renewed-sub", timeout=30, owner="holder")
+    holder.acquire()
+    assert holder._target().listener().ensure(5)
+
+    def release_and_lose(attempt):
+        holder.release()
+        assert wakeups._early.pop(attempt.waiter_id)  # the hand-off, lost in the reconnect
+        attempt.listener.connections += 1  # ... which made a new subscription
+
+    seen = _between_first_call_and_registration(monkeypatch, release_and_lose)
+    started = time.monotonic()
+    waiter = start_waiter("renewed-sub", blocking_timeout=10)
+    waiter.join(10)
+    assert seen and waiter.result is True and waiter.acquired_at is not None, waiter.error
+    assert waiter.acquired_at - started < 2
+
+
+def test_a_listener_not_ready_at_registration_is_awaited_and_the_place_in_line_kept(
+    redis_client, monkeypatch
+):
+    """The listener stops when no waiter is registered, so it may stop right after a first call
+    that queued us: the flow subscribes again (``Subscribe``) and keeps its queue entry."""
+    holder = Lock("stopped-listener", timeout=30)
+    holder.acquire()
+    first = start_waiter("stopped-listener", blocking_timeout=10, hold=0.05)
+    wait_for(lambda: queue_length(redis_client, "stopped-listener") == 1)
+    listener = holder._target().listener()
+    resubscribed = threading.Timer(0.2, listener.ready.set)
+
+    def listener_gone(attempt):
+        listener.ready.clear()  # as if it stopped; it is "subscribed again" 0.2 s later
+        resubscribed.start()
+
+    _between_first_call_and_registration(monkeypatch, listener_gone)
+    second = start_waiter("stopped-listener", blocking_timeout=10)
+    wait_for(lambda: resubscribed.finished.is_set())
+    wait_for(lambda: queue_length(redis_client, "stopped-listener") == 2)
+    holder.release()
+    first.join(10)
+    second.join(10)
+    assert (first.result, second.result) == (True, True), (first.error, second.error)
+    assert first.acquired_at is not None and second.acquired_at is not None
+    assert first.acquired_at < second.acquired_at  # FIFO: the entry kept its place
+    assert queue_length(redis_client, "stopped-listener") == 0
+
+
+def test_early_messages_for_waiters_that_never_register_are_dropped(monkeypatch):
+    monkeypatch.setattr(wakeups, "EARLY_MAX", 8)
+    for n in range(20):
+        wakeups._dispatch(f"r gone.{n} 100")
+    assert len(wakeups._early) <= 8
+    wakeups._prune_early(time.monotonic() + wakeups.EARLY_TTL + 1)
+    assert not wakeups._early
+
+
+def test_a_message_kept_for_a_waiter_is_delivered_at_its_registration():
+    waiter = wakeups.Waiter("early.1")
+    wakeups._dispatch("h early.1 41")
+    assert not waiter.handed
+    wakeups.register(waiter)
+    try:
+        assert waiter.handed and waiter.token == 41
+        assert "early.1" not in wakeups._early
+        wakeups._dispatch("r early.1 0")  # registered: delivered at once
+        assert waiter.recheck_at <= time.monotonic()
+    finally:
+        wakeups.unregister(waiter)
