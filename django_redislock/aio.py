@@ -41,8 +41,7 @@ class AsyncLock(engine.LockBase):
     ``transaction.atomic`` (Django's transactions are sync-only), so it releases at once.
     """
 
-    def _default_owner(self) -> str:
-        return holds.async_owner()
+    _default_owner = staticmethod(holds.async_owner)
 
     def _loop(self) -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()

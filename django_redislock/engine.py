@@ -606,8 +606,10 @@ class LockBase:
         )
 
     # -- resolution ---------------------------------------------------------------------------
-    def _default_owner(self) -> str:
-        return holds.thread_owner()
+    #: The owner when none is given: the calling (process, thread); ``AsyncLock``: its task.
+    #: A static method, not a method calling it: one Python call less on every acquire and
+    #: release.
+    _default_owner: Callable[[], str] = staticmethod(holds.thread_owner)
 
     def _target(self) -> Target:
         return self._spec().target
@@ -1063,8 +1065,11 @@ class LockBase:
             spec.script_keys,
             [owner, "1" if all_holds else "0", *spec.wake_args, here],
             spec.release_action,
-            after=_woken_here,
-            target=spec.target,
+            False,
+            0,
+            0,
+            _woken_here,
+            spec.target,
         )
         return call, hold
 
