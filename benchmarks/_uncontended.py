@@ -425,7 +425,7 @@ def _pieces(lock: Any) -> dict[str, float]:
     measure("lock.owner (default owner string)", lambda: lock.owner)
     measure("holds.metadata() (holder JSON, task-id providers)", holds.metadata)
     measure("holds._current_task_id() (task-id providers)", holds._current_task_id)
-    measure("Waiter() + register + unregister (every blocking acquire)", waiter)
+    measure("Waiter() + register + unregister (a blocking acquire that finds it busy)", waiter)
     measure("watchdog.register + unregister", watch)
     name = lock.stats_name
     measure(
@@ -464,11 +464,11 @@ def _ladder(rounds: int, per_round: int) -> list[dict[str, Any]]:
     """Cumulative ablations of one default cycle, interleaved: what each engine piece costs.
 
     Each rung removes one more piece (private API, monkeypatched in this process only):
-    what a blocking first attempt prepares for a busy lock (``Waiter``, its registration, the
-    queue arguments), the holder metadata, auto-renewal, the statistics (``stats.record``), down
-    to our two scripts alone. Every rung runs its scripts where ``Lock`` does (the kept
-    connection, ``spec.target.runner``), so each step is one piece of the engine and nothing
-    else.
+    what a blocking first attempt prepares in case the lock is busy (the attempt, the listener
+    and a waiter id, the driver that runs the flow), the holder metadata, auto-renewal, the
+    statistics (``stats.record``), down to our two scripts alone. Every rung runs its scripts
+    where ``Lock`` does (the kept connection, ``spec.target.runner``), so each step is one piece
+    of the engine and nothing else.
     """
     from django_redislock import Lock, connection, holds, scripts, stats
     from django_redislock.engine import ENTRY_MARGIN
@@ -531,7 +531,7 @@ def _ladder(rounds: int, per_round: int) -> list[dict[str, Any]]:
 
     rungs: dict[str, Callable[[], None]] = {
         "default Lock cycle": plain(rung("bench:ladder:a", False, False, None)),
-        "- wake-up preparation of a blocking first attempt (Waiter)": plain(
+        "- first-attempt set-up of a blocking acquire (attempt, listener, driver)": plain(
             rung("bench:ladder:b", True, False, None)
         ),
         "- holder metadata (constant)": plain(rung("bench:ladder:c", True, True, None)),
