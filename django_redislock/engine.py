@@ -914,9 +914,9 @@ class LockBase:
                 contended = True
                 if listener is None:
                     return self._failed(started)
+                entry = _text(extra)  # "" when not queued; set first: clean-up needs it
                 if waiter is None:
                     waiter = self._waiter(attempt)
-                entry = _text(extra)  # "" when not queued
                 if not attempt.queued:
                     if not (yield Subscribe(listener, _subscribe_timeout(spec.target))):
                         logger.warning(
@@ -952,9 +952,10 @@ class LockBase:
                         )
                     return self._failed(started)
         except BaseException:
-            if entry and waiter is not None:
-                # Interrupted while queued: leave the queue, pass on a lock reserved for us.
-                cleanup = self._cancel_call(spec, owner, waiter.id, entry, take=False)
+            if entry and attempt.waiter_id:
+                # Interrupted while queued (even before the waiter was registered): leave the
+                # queue, pass on a lock reserved for us.
+                cleanup = self._cancel_call(spec, owner, attempt.waiter_id, entry, take=False)
                 cleanup.shield = True
                 try:
                     yield cleanup
@@ -966,8 +967,8 @@ class LockBase:
                     )
             raise
         finally:
-            if waiter is not None:
-                wakeups.unregister(waiter)
+            if attempt.waiter is not None:
+                wakeups.unregister(attempt.waiter)
 
     @staticmethod
     def _replicated(call: Call, spec: _Spec) -> Call:

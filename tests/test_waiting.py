@@ -362,6 +362,29 @@ def test_a_message_of_a_renewed_subscription_missed_before_registration_costs_no
     assert waiter.acquired_at - started < 2
 
 
+def test_an_interruption_before_the_waiter_registers_leaves_the_queue(redis_client, monkeypatch):
+    """Interrupted between a first call that queued it and its registration (a KeyboardInterrupt
+    can come anywhere): the entry is removed, so no release hands the lock to nobody."""
+    holder = Lock("interrupted-early", timeout=30, owner="holder")
+    holder.acquire()
+    assert holder._target().listener().ensure(5)
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(attempt):
+        assert queue_length(redis_client, "interrupted-early") == 1  # queued by the first call
+        raise Interrupted
+
+    _between_first_call_and_registration(monkeypatch, interrupt)
+    waiter = start_waiter("interrupted-early", blocking_timeout=10)
+    waiter.join(10)
+    assert isinstance(waiter.error, Interrupted)
+    assert queue_length(redis_client, "interrupted-early") == 0
+    holder.release()
+    assert not Lock("interrupted-early").locked()  # not handed to the interrupted waiter
+
+
 def test_a_listener_not_ready_at_registration_is_awaited_and_the_place_in_line_kept(
     redis_client, monkeypatch
 ):
