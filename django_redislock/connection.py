@@ -380,9 +380,6 @@ def _pack(conn: Any, args: tuple[Any, ...]) -> Any:
         and type(getattr(conn, "_command_packer", None)) is serializer
         and _PACKABLE.issuperset(map(type, args))
     ):
-        name = args[0]
-        if type(name) is str and " " not in name:  # EVALSHA: one call less per script call
-            return [pack(args)]
         return _hiredis_packed(pack, args)
     return conn.pack_command(*args)
 
