@@ -728,27 +728,10 @@ class LockBase:
     def _acquire_call(
         self, spec: _Spec, owner: str, meta: str, waiter: str, entry: str, entry_ms: int
     ) -> Call:
-        target = spec.target
-        return Call(
-            self._acquire_script,
-            spec.script_keys,
-            [
-                owner,
-                spec.lease_ms,
-                meta,
-                waiter,
-                entry_ms,
-                entry,
-                self._limit_arg(),
-                *spec.wake_args,
-            ],
-            spec.acquire_action,
-            False,
-            target.replicas,  # see _replicated
-            target.replicas_timeout_ms,
-            None,
-            target,
-        )
+        args = [owner, spec.lease_ms, meta, waiter, entry_ms, entry, self._limit_arg()]
+        args += spec.wake_args
+        call = Call(self._acquire_script, spec.script_keys, args, spec.acquire_action)
+        return self._replicated(call, spec)
 
     def _cancel_call(self, spec: _Spec, owner: str, waiter: str, entry: str, take: bool) -> Call:
         return Call(
@@ -1066,11 +1049,8 @@ class LockBase:
             spec.script_keys,
             [owner, "1" if all_holds else "0", *spec.wake_args, here],
             spec.release_action,
-            False,
-            0,
-            0,
-            _woken_here,
-            spec.target,
+            after=_woken_here,
+            target=spec.target,
         )
         return call, hold
 

@@ -205,22 +205,22 @@ def _prune_early(now: float) -> None:
 
 def hand_over(waiter_id: str, token: int | None) -> None:
     """A release of this process handed the lock to one of its own waiters (``release.lua``
-    sends no message for it): wake that waiter here. One that is gone meanwhile has left the
-    queue or finds the lock reserved for it in its clean-up (as with a message it missed)."""
+    sends no message for it): wake that waiter here, or keep the wake-up for its registration
+    (:func:`register`). One that is gone meanwhile has left the queue or finds the lock
+    reserved for it in its clean-up (as with a message it missed)."""
     _deliver(waiter_id, "h", token)
 
 
 def _dispatch(data: bytes | str) -> None:
     text = data.decode() if isinstance(data, bytes) else data
     parts = text.split(" ")
-    try:
-        if len(parts) < 2 or parts[0] not in ("h", "r") or (parts[0] == "r" and len(parts) < 3):
-            raise ValueError(text)
-        value = int(parts[2]) if len(parts) > 2 else None
-    except ValueError:  # not a message of ours: the waiter still re-checks on its own timer
+    kind, waiter_id, number = parts[0], parts[1] if len(parts) > 1 else "", parts[2:3]
+    value = int(number[0]) if number and number[0].lstrip("-").isdigit() else None
+    if kind not in ("h", "r") or not waiter_id or (value is None and (kind == "r" or number)):
+        # Not a message of ours: the waiter still re-checks on its own timer.
         logger.warning("django_redislock: ignored a malformed wake-up message %r", text[:100])
         return
-    _deliver(parts[1], parts[0], value)
+    _deliver(waiter_id, kind, value)
 
 
 def _wake_all() -> None:

@@ -396,6 +396,14 @@ def test_a_listener_not_ready_at_registration_is_awaited_and_the_place_in_line_k
     wait_for(lambda: queue_length(redis_client, "stopped-listener") == 1)
     listener = holder._target().listener()
     resubscribed = threading.Timer(0.2, listener.ready.set)
+    ensured: list[float] = []
+    ensure = listener.ensure
+
+    def spy(timeout: float) -> bool:
+        ensured.append(timeout)
+        return ensure(timeout)
+
+    monkeypatch.setattr(listener, "ensure", spy)
 
     def listener_gone(attempt):
         listener.ready.clear()  # as if it stopped; it is "subscribed again" 0.2 s later
@@ -411,6 +419,7 @@ def test_a_listener_not_ready_at_registration_is_awaited_and_the_place_in_line_k
     assert (first.result, second.result) == (True, True), (first.error, second.error)
     assert first.acquired_at is not None and second.acquired_at is not None
     assert first.acquired_at < second.acquired_at  # FIFO: the entry kept its place
+    assert ensured  # the flow subscribed again (Subscribe), not relying on the stale `ready`
     assert queue_length(redis_client, "stopped-listener") == 0
 
 
