@@ -133,6 +133,7 @@ def _scripts_only(name: str, *, empty: bool = False) -> Callable[[], None]:
     that only returns (the floor of any script called with these arguments).
     """
     from django_redislock import Lock, holds, scripts
+    from django_redislock.engine import _taken
 
     lock = Lock(name, auto_renew=False)
     spec = lock._spec()
@@ -155,7 +156,7 @@ def _scripts_only(name: str, *, empty: bool = False) -> Callable[[], None]:
         return empty_cycle
 
     def cycle() -> None:
-        state = run_acquire(client, keys, a_args)
+        state = _taken(run_acquire(client, keys, a_args))  # the engine's reading
         if int(state[0]) != 1 or int(run_release(client, keys, r_args)) != 0:
             raise RuntimeError("scripts-only cycle did not acquire and release")
 
@@ -213,7 +214,7 @@ def scripts_cycle() -> Callable[[str, str], bool]:
         if found is None:
             found = keys[name] = [space.lock(name), space.fence(name), space.queue(name)]
         state = acquire(run, found, [owner, spec.lease_ms, meta, "", entry_ms, "", "0", *wake])
-        if int(state[0]) != 1:
+        if type(state) is not int and int(state[0]) != 1:  # an int: the token of a free lock
             return False
         if int(release(run, found, [owner, "0", *wake, here])) != 0:
             raise RuntimeError("scripts floor: a lock just taken was not released")
@@ -471,7 +472,7 @@ def _ladder(rounds: int, per_round: int) -> list[dict[str, Any]]:
     of the engine and nothing else.
     """
     from django_redislock import Lock, connection, holds, scripts, stats
-    from django_redislock.engine import ENTRY_MARGIN
+    from django_redislock.engine import ENTRY_MARGIN, _taken
 
     meta = holds.metadata()
 
@@ -489,7 +490,8 @@ def _ladder(rounds: int, per_round: int) -> list[dict[str, Any]]:
             entry_ms = int((spec.lease + ENTRY_MARGIN) * 1000)
             call = self._acquire_call(spec, owner, data, "", "", entry_ms)
             with connection.backend_errors(call.action):
-                state, value, extra = call.script(spec.target.runner, call.keys, call.args)
+                reply = call.script(spec.target.runner, call.keys, call.args)
+            state, value, extra = _taken(reply)
             if int(state) != 1:
                 raise RuntimeError("ladder lock was busy")
             return self._acquired(spec, owner, int(value), int(extra), started, False)

@@ -826,6 +826,8 @@ class LockBase:
     def _won(self, attempt: Attempt, reply: Any) -> bool:
         """Whether the first call's ``reply`` took the lock, which is then recorded (a face that
         made the call itself returns at once; otherwise it runs :meth:`_acquire_flow`)."""
+        if type(reply) is int:  # a free lock taken: the bare token (see _taken)
+            return self._acquired(attempt.spec, attempt.owner, reply, 1, attempt.started, False)
         if reply[0] != 1:
             return False
         return self._acquired(
@@ -867,7 +869,7 @@ class LockBase:
                     else:
                         reply = yield call
                 except NotReplicated as exc:
-                    if int(exc.reply[0]) != 1:
+                    if int(_taken(exc.reply)[0]) != 1:
                         reply = exc.reply  # only a queue entry went unacknowledged
                     else:
                         entry = ""
@@ -884,7 +886,7 @@ class LockBase:
                     raise
                 call = None
                 reconnected = False
-                state, value, extra = reply
+                state, value, extra = _taken(reply)
                 if state == 1:
                     entry = ""
                     return self._acquired(spec, owner, int(value), int(extra), started, contended)
@@ -1162,6 +1164,14 @@ class LockBase:
 
     def _not_acquired(self) -> LockNotAcquiredError:
         return LockNotAcquiredError(self.name)
+
+
+def _taken(reply: Any) -> Any:
+    """An acquire's reply as ``[state, value, extra]``: ``acquire.lua`` answers its commonest
+    case, a free lock taken, with the bare fencing token (see ``take`` in ``lua/_library.lua``),
+    which means ``[1, token, 1]``. :meth:`LockBase._won`, on every acquisition's path, reads the
+    token without this."""
+    return [1, reply, 1] if type(reply) is int else reply
 
 
 def _woken_here(reply: Any) -> Any:

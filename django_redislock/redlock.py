@@ -162,7 +162,9 @@ def acquire_flow(face: LockBase, blocking: bool | None, blocking_timeout: float 
                 spec, owner, meta, waiter.id if waiter and queued else "", "", entry_ms
             )
             per_master = [[*base.args[:5], entries[i], *base.args[6:]] for i in range(len(masters))]
-            replies = yield QuorumCall(base, per_master_args=per_master)
+            replies = [
+                engine._taken(r) for r in (yield QuorumCall(base, per_master_args=per_master))
+            ]
             answered = _answered(replies, needed)
             if sum(int(r[0]) == 2 for r in answered) >= needed:
                 raise LockNotAcquiredError(

@@ -10,6 +10,12 @@ numbers in Redis error messages are the line numbers of the script's own file, a
 name that file instead of Redis's ``user_script``. Only the definitions a script uses (directly
 or through another definition) are prepended: Lua creates a closure for every ``local
 function`` each time a script runs, so the whole library would cost every call its ~20 closures.
+
+A script whose common case returns early (a free lock taken, the last hold released with nobody
+queued) marks the line after that return with a comment starting ``-- cold``. Definitions used
+only below the mark are put on that line instead of the first, so Lua creates their closures
+only for a call that gets there: the fast path of ``acquire.lua`` and ``release.lua`` runs with
+4 and 1 of the 13 definitions they use. Line numbers stay those of the file either way.
 """
 
 from __future__ import annotations
@@ -83,8 +89,8 @@ def _definitions(source: str) -> list[tuple[str, str]]:
     return [(name, _one_line("\n".join(lines))) for name, lines in found]
 
 
-def _prelude(text: str) -> str:
-    """The library definitions ``text`` needs, transitively, in the library's order."""
+def _needed(text: str) -> set[str]:
+    """The names of the library definitions ``text`` uses, transitively."""
     definitions = _definitions(_read(_LIBRARY))
     needed: set[str] = set()
     pending = [_one_line_code(text)]
@@ -94,7 +100,31 @@ def _prelude(text: str) -> str:
             if name not in needed and re.search(rf"\b{name}\b", code):
                 needed.add(name)
                 pending.append(body)
-    return " ".join(body for name, body in definitions if name in needed)
+    return needed
+
+
+def _prelude(names: set[str]) -> str:
+    """The code of the library definitions ``names``, in the library's order."""
+    return " ".join(body for name, body in _definitions(_read(_LIBRARY)) if name in names)
+
+
+#: A script's line starting with this gets the definitions used only below it (module docstring).
+COLD_MARK = "-- cold"
+
+
+def _compose(text: str) -> str:
+    """A script's source: its library definitions on its first line, or split at its cold mark."""
+    lines = text.split("\n")
+    marks = [i for i, line in enumerate(lines) if line.startswith(COLD_MARK)]
+    if len(marks) > 1:
+        raise ValueError(f"a script has at most one {COLD_MARK!r} line")
+    if not marks:
+        return _prelude(_needed(text)) + " " + text
+    cut = marks[0]
+    hot = _needed("\n".join(lines[:cut]))
+    cold = _needed("\n".join(lines[cut + 1 :])) - hot
+    lines[cut] = _prelude(cold) + " " + lines[cut]
+    return _prelude(hot) + " " + "\n".join(lines)
 
 
 def _one_line_code(text: str) -> str:
@@ -110,7 +140,7 @@ class Script:
         text = _read(filename)
         if not text.startswith("--"):
             raise ValueError(f"lua/{filename} must start with its comment header")
-        self.source = _prelude(text) + " " + text
+        self.source = _compose(text)
         self.sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
 
     def __repr__(self) -> str:

@@ -13,11 +13,17 @@ SCRIPTS = [s for s in ALL if isinstance(s, scripts.Script)]
 LIBRARY = scripts._definitions(scripts._read(scripts._LIBRARY))
 
 
-def _defined(script: scripts.Script) -> set[str]:
-    first_line = script.source.split("\n", 1)[0]
-    return set(re.findall(r"local (?:function )?([A-Za-z_]\w*)", first_line)) & {
+def _defined_on(line: str) -> set[str]:
+    return set(re.findall(r"local (?:function )?([A-Za-z_]\w*)", line)) & {
         name for name, _ in LIBRARY
     }
+
+
+def _defined(script: scripts.Script) -> set[str]:
+    """Library definitions on the first line and on the cold mark's line."""
+    lines = script.source.split("\n")
+    marks = [line for line in lines if scripts.COLD_MARK in line]
+    return _defined_on(lines[0]).union(*(_defined_on(line) for line in marks))
 
 
 def _used(code: str) -> set[str]:
@@ -52,3 +58,43 @@ def test_the_library_is_split_into_every_definition():
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda s: s.filename)
 def test_every_script_compiles_on_a_real_redis_with_its_sha(redis_client, script):
     assert redis_client.script_load(script.source) == script.sha
+
+
+def _closed(names: set[str]) -> set[str]:
+    while True:
+        more = names | {u for name, body in LIBRARY if name in names for u in _used(body)}
+        if more == names:
+            return names
+        names = more
+
+
+@pytest.mark.parametrize("script", [scripts.ACQUIRE, scripts.RELEASE], ids=lambda s: s.filename)
+def test_the_fast_path_creates_only_the_closures_it_uses(script):
+    """Above the cold mark: the definitions the fast path uses; the rest on the mark's line."""
+    text = scripts._read(script.filename)
+    lines = text.split("\n")
+    cut = next(i for i, line in enumerate(lines) if line.startswith(scripts.COLD_MARK))
+    hot = _closed(_used(scripts._one_line_code("\n".join(lines[:cut]))))
+    source_lines = script.source.split("\n")
+    assert len(source_lines) == len(lines)  # line numbers in errors stay the file's
+    assert _defined_on(source_lines[0]) == hot
+    assert _defined_on(source_lines[cut]) == _defined(script) - hot
+    functions = {name for name in hot if not name.isupper()}  # constants create no closure
+    assert len(functions) <= 4 < len(_defined(script)) - len(hot)
+
+
+def test_at_most_one_cold_mark():
+    with pytest.raises(ValueError, match="at most one"):
+        scripts._compose("-- x\n-- cold: a\nreturn 1\n-- cold: b\nreturn 2")
+
+
+def test_a_fast_path_error_names_the_file_and_line(redis_client):
+    """The library split over two lines keeps Redis's line numbers those of the script's file."""
+    keys = ["{t}:lock", "{t}:fence", "{t}:queue"]
+    redis_client.set("{t}:queue", "not a list")
+    with pytest.raises(Exception, match=r"acquire\.lua:\d+") as caught:
+        scripts.ACQUIRE(redis_client, keys, ["o", 1000, "{}", "", 2000, "", "0", "ns:", "1", "1"])
+    found = re.search(r"acquire\.lua:(\d+)", str(caught.value))
+    assert found is not None
+    line = int(found.group(1))
+    assert "LLEN" in scripts._read("acquire.lua").split("\n")[line - 1]

@@ -12,9 +12,8 @@
 local function record(owner, count, token, at, waiter, meta)
   local w = ''
   if waiter then w = ',"w":' .. cjson.encode(waiter) end
-  return '{"o":' .. cjson.encode(owner) .. ',"n":' .. string.format('%d', count)
-    .. ',"t":' .. string.format('%d', token) .. ',"at":' .. string.format('%d', at)
-    .. w .. ',"m":' .. meta .. '}'
+  return string.format('{"o":%s,"n":%d,"t":%d,"at":%d%s,"m":%s}', cjson.encode(owner), count,
+    token, at, w, meta)
 end
 
 -- Position just after the owner field when the value belongs to `owner`, else nil (a prefix
@@ -61,6 +60,14 @@ local function next_token(fence_key)
     token = tonumber(t[1]) * 1000000 + tonumber(t[2])
     redis.call('SET', fence_key, string.format('%d', token), 'PX', FENCE_TTL_MS)
   end
+  return token
+end
+
+-- Take a free lock for `owner` (hold count 1, a new token); returns acquire.lua's reply for it,
+-- the bare token (an integer costs Redis less to build and send than a table).
+local function take(lock_key, fence_key, owner, lease_ms, meta)
+  local token = next_token(fence_key)
+  redis.call('SET', lock_key, record(owner, 1, token, server_ms(), nil, meta), 'PX', lease_ms)
   return token
 end
 
@@ -142,7 +149,9 @@ end
 -- acquire.lua, which sets the full lease: a waiter that died costs one claim window. The next
 -- waiter in line is told when the window ends ("r <waiter> <ms>"), so it re-checks then.
 -- Either way the record names the waiter ("w"), so a waiter that missed its message finds the
--- lock reserved for it when it re-checks. Entries whose expiry passed are dropped.
+-- lock reserved for it when it re-checks. Entries whose expiry passed are dropped. An empty
+-- queue is handled like a queue of dead entries (the lock is deleted); callers on a hot path
+-- check LLEN first, which is one command instead of TIME and LPOP.
 -- Returns the new holder's token, or false when the lock was deleted; and, when the new holder is
 -- a waiter of the calling process (`here`, see next_waiter), its id: the caller must wake it.
 -- With claim_ms "0" (independent masters, Redlock) nothing is reserved: a lock held on a
@@ -159,10 +168,6 @@ local function wake_all(queue_key, prefix, now)
 end
 
 local function hand_off(lock_key, fence_key, queue_key, prefix, trust, claim_ms, here)
-  if redis.call('LLEN', queue_key) == 0 then
-    redis.call('DEL', lock_key)
-    return false
-  end
   local now = server_ms()
   if tonumber(claim_ms) == 0 then
     wake_all(queue_key, prefix, now)

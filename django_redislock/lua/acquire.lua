@@ -14,24 +14,26 @@
 -- ARGV[9] "1" when PUBLISH counts every subscriber (single Redis), else "0" (see hand_off)
 -- ARGV[10] claim window of a hand-off, ms
 --
--- Returns {1, token, hold_count} when held (taken, re-entered, or a hand-off claimed),
+-- Returns token (an integer) when a free lock was taken (hold count 1: the common case, so the
+-- cheapest reply; the client reads it as {1, token, 1}),
+-- {1, token, hold_count} when held otherwise (re-entered, or a hand-off claimed),
 -- {0, holder_pttl_ms, entry} when busy (entry: this waiter's queue entry, "" when not queued),
 -- {2, token, hold_count} when this owner holds it already and re-entry was refused.
 
 local owner, lease, waiter, prev = ARGV[1], ARGV[2], ARGV[4], ARGV[6]
 local raw = redis.call('GET', KEYS[1])
-if not raw and redis.call('LLEN', KEYS[3]) > 0 then
+-- Free and nobody queued (so no entry of ours to remove either): take it.
+if not raw and redis.call('LLEN', KEYS[3]) == 0 then
+  return take(KEYS[1], KEYS[2], owner, lease, ARGV[3])
+end
+-- cold: definitions used only below are created here, not by a call that returned above.
+if not raw then
   -- Free with waiters queued (the holder's lease ran out, or a hand-off went unclaimed): the
   -- oldest live waiter gets it, exactly as if it had just been released. That may be us.
   hand_off(KEYS[1], KEYS[2], KEYS[3], ARGV[8], ARGV[9], ARGV[10])
   raw = redis.call('GET', KEYS[1])
-end
-
-if not raw then
-  local token = next_token(KEYS[2])
-  redis.call('SET', KEYS[1], record(owner, 1, token, server_ms(), nil, ARGV[3]), 'PX', lease)
-  if prev ~= '' then redis.call('LREM', KEYS[3], 1, prev) end
-  return {1, token, 1}
+  -- Still free: nobody live waited, and the queue is empty now.
+  if not raw then return take(KEYS[1], KEYS[2], owner, lease, ARGV[3]) end
 end
 
 local pos = owner_end(raw, owner)

@@ -19,12 +19,14 @@
 local raw = redis.call('GET', KEYS[1])
 local pos = owner_end(raw, ARGV[1])
 if not pos then return -1 end
-if ARGV[2] ~= '1' then
+local last = ARGV[2] == '1' or string.sub(raw, pos, pos + 5) == '"n":1,'
+-- The last hold, and nobody queued: delete it.
+if last and redis.call('LLEN', KEYS[3]) == 0 then redis.call('DEL', KEYS[1]) return 0 end
+-- cold: definitions used only below are created here, not by a call that returned above.
+if not last then
   local n, t, at = fields_at(raw, pos)
-  if n > 1 then
-    redis.call('SET', KEYS[1], record(ARGV[1], n - 1, t, at, nil, meta_of(raw)), 'KEEPTTL')
-    return n - 1
-  end
+  redis.call('SET', KEYS[1], record(ARGV[1], n - 1, t, at, nil, meta_of(raw)), 'KEEPTTL')
+  return n - 1
 end
 local here = ARGV[6] ~= '' and ARGV[6] or nil
 local token, mine = hand_off(KEYS[1], KEYS[2], KEYS[3], ARGV[3], ARGV[4], ARGV[5], here)
