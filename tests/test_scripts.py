@@ -96,5 +96,9 @@ def test_a_fast_path_error_names_the_file_and_line(redis_client):
         scripts.ACQUIRE(redis_client, keys, ["o", 1000, "{}", "", 2000, "", "0", "ns:", "1", "1"])
     found = re.search(r"acquire\.lua:(\d+)", str(caught.value))
     assert found is not None
+    # The line of the file that calls LLEN on the queue (the first command to meet the string).
+    lines = scripts._read("acquire.lua").split("\n")
+    llen = next(i for i, line in enumerate(lines, 1) if "redis.call('LLEN', KEYS[3])" in line)
+    assert int(found.group(1)) == llen
     line = int(found.group(1))
     assert "LLEN" in scripts._read("acquire.lua").split("\n")[line - 1]
