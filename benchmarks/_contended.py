@@ -22,7 +22,7 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from benchmarks import _common as c
@@ -184,20 +184,13 @@ def relay(
         if mode == RELAY_ASK:
             conn.ping()
 
-    clock = time.perf_counter
-    counted_from = t_start + warm
-    received = 0
-    c.sleep_until(t_start)
-    cpu = time.process_time()
-    if position == 0:
-        pass_on()
-    while clock() < t_end:
+    def one() -> bool:
         if not wait():
-            continue
-        if clock() >= counted_from:
-            received += 1
+            return False
         pass_on()
-    cpu = time.process_time() - cpu
+        return True
+
+    received, cpu = _passes(t_start, t_end, warm, one, first=pass_on if position == 0 else None)
     stop.set()
     if listener is not None:
         listener.join()
@@ -206,6 +199,28 @@ def relay(
     conn.delete(mine)
     conn.close()
     return {"received": received, "cpu_s": cpu}
+
+
+def _passes(
+    t_start: float,
+    t_end: float,
+    warm: float,
+    one: Callable[[], bool],
+    first: Callable[[], None] | None = None,
+) -> tuple[int, float]:
+    """Run ``one`` (``True``: it made a pass) from ``t_start`` until ``t_end``, after ``first``;
+    returns the passes made after the warm-up and the process CPU seconds of the whole block."""
+    clock = time.perf_counter
+    counted_from = t_start + warm
+    received = 0
+    c.sleep_until(t_start)
+    cpu = time.process_time()
+    if first is not None:
+        first()
+    while clock() < t_end:
+        if one() and clock() >= counted_from:
+            received += 1
+    return received, time.process_time() - cpu
 
 
 def _scripts_loop(key: str, t_start: float, t_end: float, warm: float) -> dict[str, Any]:
@@ -235,7 +250,7 @@ def _scripts_loop(key: str, t_start: float, t_end: float, warm: float) -> dict[s
     woken = threading.Event()
     stop = threading.Event()
     pubsub = spec.target.client.pubsub()
-    pubsub.subscribe(wake[0] + token)
+    pubsub.subscribe(spec.target.channel_prefix + token)
     while (m := pubsub.get_message(timeout=1.0)) is None or m["type"] != "subscribe":
         pass
 
@@ -267,20 +282,15 @@ def _scripts_loop(key: str, t_start: float, t_end: float, warm: float) -> dict[s
                 handed.discard(waiter)
                 return
 
-    listener = threading.Thread(target=listen, daemon=True)
-    listener.start()
-    clock = time.perf_counter
-    counted_from = t_start + warm
-    received = 0
-    c.sleep_until(t_start)
-    cpu = time.process_time()
-    while clock() < t_end:
+    def one() -> bool:
         acquire()
-        if clock() >= counted_from:
-            received += 1
         if int(scripts.RELEASE(run, keys, [owner, "0", *wake, ""])) != 0:
             raise RuntimeError("scripts loop: a lock it held was not released")
-    cpu = time.process_time() - cpu
+        return True
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    received, cpu = _passes(t_start, t_end, warm, one)
     stop.set()
     listener.join()
     pubsub.close()
