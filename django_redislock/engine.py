@@ -8,9 +8,10 @@ sends the signals; a face only performs the I/O. The multi-step acquisition is a
 :class:`Sleep`, :class:`Subscribe`) and receives their results; :func:`drive` runs it with blocking
 calls, :func:`adrive` with ``await``. So queueing, claiming, deadlines, retries and clean-up on
 interruption exist once, whichever face waits. Most acquisitions take a free lock with their first
-call, so the drivers start from that call (:meth:`LockBase._begin` prepares it,
-:meth:`LockBase._won` records a success) and create the flow, with the call's outcome, only when
-it did not: the uncontended path runs no generator.
+call, so the drivers make that call themselves (:meth:`LockBase._begin` prepares its arguments,
+:func:`run` / :func:`arun` send it, :meth:`LockBase._won` records a success) and create the flow,
+with the call's outcome, only when it did not: the uncontended path builds no operation object
+and runs no generator.
 
 How a contended acquisition works (the README has the long version): the acquire script queues the
 waiter in Redis (FIFO) and returns the holder's remaining lease; the waiter sleeps, holding no
@@ -256,40 +257,20 @@ class Call(Op):
         return reply
 
     def sync(self, face: LockBase) -> Any:
-        if not self.replicas:  # every lock operation's path: _sync's first branch, inline
-            try:
-                target = self.target or face._spec().target
-                reply = self.script(target.runner, self.keys, self.args)
-            except redis_errors.RedisError as exc:
-                if not connection.is_pool_exhausted(exc):
-                    raise connection.backend_error(exc, self.action) from exc
-            else:
-                return reply if self.after is None else self.after(reply)
-        else:
-            try:
-                return self._sync(face)
-            except LockBackendError as exc:
-                if _transient(exc) != "pool":
-                    raise
-        # A sync pool that ran out of connections (threads beyond max_connections) frees one
-        # within moments: wait for it rather than fail (async pools block by themselves).
-        give_up = time.monotonic() + POOL_RETRY_BUDGET
-        pause = 0.001
-        while True:
-            time.sleep(pause)
-            try:
-                return self._sync(face)
-            except LockBackendError as exc:
-                if _transient(exc) != "pool" or time.monotonic() + pause > give_up:
-                    raise
-            pause = min(pause * 2, 0.05)
-
-    def _sync(self, face: LockBase) -> Any:
         target = self.target or face._spec().target
+        if not self.replicas:  # every lock operation's path
+            reply = run(target, self.script, self.keys, self.args, self.action)
+            return reply if self.after is None else self.after(reply)
         try:
-            if not self.replicas:
-                reply = self.script(target.runner, self.keys, self.args)
-                return reply if self.after is None else self.after(reply)
+            return self._waited(target)
+        except LockBackendError as exc:
+            if _transient(exc) != "pool":
+                raise
+        return _when_pool_frees(lambda: self._waited(target))
+
+    def _waited(self, target: Target) -> Any:
+        """The script, then ``WAIT`` for the replicas (``REDISLOCK["REPLICAS"]``)."""
+        try:
             reply, acked = scripts.call_and_wait(
                 self.script,
                 target.client,
@@ -305,11 +286,61 @@ class Call(Op):
     async def async_(self, face: LockBase) -> Any:
         if self.replicas:  # WAIT blocks: in a thread, through the sync client's connection
             return await asyncio.to_thread(self.sync, face)
-        try:  # not backend_errors(): a context manager costs a microsecond per call
-            reply = await self.script.acall(await face._arunner(), self.keys, self.args)
-        except redis_errors.RedisError as exc:
-            raise connection.backend_error(exc, self.action) from exc
+        reply = await arun(face, self.script, self.keys, self.args, self.action)
         return reply if self.after is None else self.after(reply)
+
+
+def run(
+    target: Target, script: scripts.Script, keys: list[str], args: list[Any], action: str
+) -> Any:
+    """One script call where ``target`` lives, without ``WAIT``: what every :class:`Call`
+    without replicas does, and what :func:`drive` does for an acquisition's first call without
+    building one. Redis errors become :class:`LockBackendError` (``action`` says what failed).
+
+    A sync pool that ran out of connections (threads beyond ``max_connections``) frees one
+    within moments: it is waited for rather than reported (async pools block by themselves).
+    The script did not run then — no connection was had — so sending it again is safe.
+    """
+    try:
+        return script(target.runner, keys, args)
+    except redis_errors.RedisError as exc:
+        if not connection.is_pool_exhausted(exc):
+            raise connection.backend_error(exc, action) from exc
+    return _when_pool_frees(lambda: _run_once(target, script, keys, args, action))
+
+
+def _run_once(
+    target: Target, script: scripts.Script, keys: list[str], args: list[Any], action: str
+) -> Any:
+    try:
+        return script(target.runner, keys, args)
+    except redis_errors.RedisError as exc:
+        raise connection.backend_error(exc, action) from exc
+
+
+def _when_pool_frees(again: Callable[[], Any]) -> Any:
+    """``again()`` after growing pauses while it finds the pool exhausted (at most
+    :data:`POOL_RETRY_BUDGET` seconds)."""
+    give_up = time.monotonic() + POOL_RETRY_BUDGET
+    pause = 0.001
+    while True:
+        time.sleep(pause)
+        try:
+            return again()
+        except LockBackendError as exc:
+            if _transient(exc) != "pool" or time.monotonic() + pause > give_up:
+                raise
+        pause = min(pause * 2, 0.05)
+
+
+async def arun(
+    face: LockBase, script: scripts.Script, keys: list[str], args: list[Any], action: str
+) -> Any:
+    """:func:`run` for the asyncio face (through :meth:`LockBase._arunner`)."""
+    try:  # not backend_errors(): a context manager costs a microsecond per call
+        return await script.acall(await face._arunner(), keys, args)
+    except redis_errors.RedisError as exc:
+        raise connection.backend_error(exc, action) from exc
 
 
 @dataclass
@@ -369,6 +400,8 @@ class Read(Op):
 
 
 Flow = Generator[Op, Any, Any]
+#: What an operation came to: ``(reply, None)`` or ``(None, error)``.
+Outcome = tuple[Any, BaseException | None]
 
 
 class QuorumHooks:
@@ -385,49 +418,39 @@ quorum = QuorumHooks()
 
 @dataclass(slots=True)
 class _Stepper:
-    """Advances a flow by one operation's outcome; shared by both drivers.
+    """Advances a flow by one operation's outcome; shared by both drivers."""
 
-    Started from an :class:`Attempt` (see :meth:`LockBase._begin`), its first operation is the
-    attempt's first call, and the acquire flow is only created when that call did not take the
-    lock: an uncontended acquisition runs no generator.
-    """
-
-    flow: Flow | None
-    op: Op | None = None
+    flow: Flow
+    op: Any = None  # the operation the flow waits for
     value: Any = None
     done: bool = False
-    face: Any = None
-    attempt: Attempt | None = None
 
     @classmethod
-    def of(cls, face: LockBase, work: Flow | Attempt) -> _Stepper:
-        if isinstance(work, Attempt):
-            return cls(None, work.call, None, False, face, work)
-        stepper = cls(work)
+    def of(cls, flow: Flow) -> _Stepper:
+        stepper = cls(flow)
         stepper.step()
         return stepper
 
     def step(self, reply: Any = None, error: BaseException | None = None) -> None:
-        attempt = self.attempt
-        if attempt is not None:  # the outcome of the attempt's first call
-            self.attempt = None
-            if error is None and self.face._won(attempt, reply):
-                self.done, self.value = True, True
-                return
-            self.flow = self.face._acquire_flow(None, None, attempt, (reply, error))
-            reply = error = None  # the flow takes the outcome from there
-        assert self.flow is not None
         try:
             self.op = self.flow.send(reply) if error is None else self.flow.throw(error)
         except StopIteration as stop:
             self.done, self.value = True, stop.value
 
 
-def drive(face: LockBase, flow: Flow | Attempt) -> Any:
-    """Run a flow (or an acquisition from its first call) with blocking I/O."""
-    stepper = _Stepper.of(face, flow)
+def drive(face: LockBase, work: Flow | Attempt) -> Any:
+    """Run a flow with blocking I/O — or an acquisition, whose first call it makes itself
+    (see :meth:`LockBase._begin`): one that takes the lock with it builds no operation and runs
+    no generator."""
+    if isinstance(work, Attempt):
+        first = _first(face, work) if work.args is not None else None
+        flow = face._after_first(work, first)
+        if flow is None:
+            return True
+    else:
+        flow = work
+    stepper = _Stepper.of(flow)
     while not stepper.done:
-        assert stepper.op is not None
         try:
             reply = stepper.op.sync(face)
         except BaseException as exc:
@@ -437,19 +460,43 @@ def drive(face: LockBase, flow: Flow | Attempt) -> Any:
     return stepper.value
 
 
-async def adrive(face: LockBase, flow: Flow | Attempt) -> Any:
+async def adrive(face: LockBase, work: Flow | Attempt) -> Any:
     """Run a flow with ``await``: the same steps as :func:`drive`."""
-    stepper = _Stepper.of(face, flow)
+    flow: Flow | None = work if not isinstance(work, Attempt) else None
+    if isinstance(work, Attempt):
+        flow = face._after_first(work, await _afirst(face, work) if work.args else None)
+    if flow is None:
+        return True
+    stepper = _Stepper.of(flow)
     while not stepper.done:
-        assert stepper.op is not None
-        work = stepper.op.async_(face)
+        op = stepper.op.async_(face)
         try:
-            reply = await (asyncio.shield(work) if getattr(stepper.op, "shield", False) else work)
+            reply = await (asyncio.shield(op) if getattr(stepper.op, "shield", False) else op)
         except BaseException as exc:
             stepper.step(error=exc)
         else:
             stepper.step(reply)
     return stepper.value
+
+
+def _first(face: LockBase, attempt: Attempt) -> Any:
+    """An acquisition's first call, made by :func:`drive`: its reply, or the error it raised."""
+    spec, args = attempt.spec, attempt.args
+    assert args is not None
+    try:
+        return run(spec.target, face._acquire_script, spec.script_keys, args, spec.acquire_action)
+    except LockBackendError as exc:
+        return exc
+
+
+async def _afirst(face: LockBase, attempt: Attempt) -> Any:
+    """:func:`_first` for :func:`adrive`."""
+    spec = attempt.spec
+    call = (spec.script_keys, attempt.args or [], spec.acquire_action)
+    try:
+        return await arun(face, face._acquire_script, *call)
+    except LockBackendError as exc:
+        return exc
 
 
 def _transient(exc: LockBackendError) -> str | None:
@@ -509,9 +556,11 @@ class Attempt:
     waiter_id: str  # "" until needed
     #: ``listener.connections`` when the first call was sent (see :meth:`LockBase._waiter`).
     generation: int
+    #: The first acquire call's ARGV, sent by the driver itself without a :class:`Call`
+    #: (``None``: the flow sends every call, as with ``REPLICAS``, whose ``WAIT`` a Call runs).
+    args: list[Any] | None
     #: Registered only when the first call finds the lock busy (most acquisitions never wait).
     waiter: wakeups.Waiter | None = None
-    call: Call | None = None
 
 
 class LockBase:
@@ -725,11 +774,18 @@ class LockBase:
         """Locks: "1" refuses re-entry (``reentrant=False``); semaphores pass their permits."""
         return "0" if self.reentrant else "1"
 
+    def _acquire_args(
+        self, spec: _Spec, owner: str, meta: str, waiter: str, entry: str, entry_ms: int
+    ) -> list[Any]:
+        """The acquire script's ARGV (``waiter``: queue when busy; ``entry``: our queue entry)."""
+        args = [owner, spec.lease_ms, meta, waiter, entry_ms, entry, self._limit_arg()]
+        args += spec.wake_args
+        return args
+
     def _acquire_call(
         self, spec: _Spec, owner: str, meta: str, waiter: str, entry: str, entry_ms: int
     ) -> Call:
-        args = [owner, spec.lease_ms, meta, waiter, entry_ms, entry, self._limit_arg()]
-        args += spec.wake_args
+        args = self._acquire_args(spec, owner, meta, waiter, entry, entry_ms)
         call = Call(self._acquire_script, spec.script_keys, args, spec.acquire_action)
         return self._replicated(call, spec)
 
@@ -755,9 +811,10 @@ class LockBase:
         return call
 
     def _begin(self, blocking: bool | None, blocking_timeout: float | None) -> Attempt | None:
-        """Everything up to the first acquire call, which a face then makes itself: most
-        acquisitions end with that call, and the generator flow (``drive``) is only needed
-        when they do not. ``None`` for independent masters (Redlock), whose flow differs."""
+        """Everything up to the first acquire call, which the driver (:func:`drive`,
+        :func:`adrive`) then makes itself: most acquisitions end with that call, and the
+        generator flow is only needed when they do not. ``None`` for independent masters
+        (Redlock), whose flow differs."""
         spec = self._spec()
         target = spec.target
         if target.masters:
@@ -783,11 +840,13 @@ class LockBase:
             if queued:
                 waiter_id = holds.new_waiter_id()
                 generation = listener.connections
-        attempt = Attempt(
-            spec, owner, meta, started, deadline, listener, queued, waiter_id, generation
+        args = None
+        if not target.replicas:
+            entry_ms = _entry_ms(deadline - started, spec.lease)
+            args = self._acquire_args(spec, owner, meta, waiter_id, "", entry_ms)
+        return Attempt(
+            spec, owner, meta, started, deadline, listener, queued, waiter_id, generation, args
         )
-        attempt.call = self._attempt_call(attempt, "")
-        return attempt
 
     def _waiter(self, attempt: Attempt) -> wakeups.Waiter:
         """Register the waiter of an attempt whose first call found the lock busy.
@@ -812,8 +871,7 @@ class LockBase:
     def _attempt_call(self, attempt: Attempt, entry: str) -> Call:
         """The next acquire call of ``attempt`` (``entry``: its queue entry, "" for none)."""
         spec, waiter = attempt.spec, attempt.waiter
-        span = min(attempt.deadline - time.monotonic(), spec.lease)
-        entry_ms = int((max(span, 0.0) + ENTRY_MARGIN) * 1000)
+        entry_ms = _entry_ms(attempt.deadline - time.monotonic(), spec.lease)
         if waiter is not None:
             # Reset before the call, never after: a hand-off message arriving while the call is
             # in flight must not be forgotten.
@@ -823,9 +881,22 @@ class LockBase:
         waiter_id = attempt.waiter_id if attempt.queued else ""
         return self._acquire_call(spec, attempt.owner, attempt.meta, waiter_id, entry, entry_ms)
 
+    def _after_first(self, attempt: Attempt, first: Any) -> Flow | None:
+        """Where an acquisition stands after its first call, which the driver made: ``first``
+        is its reply, the :class:`LockBackendError` it raised, or ``None`` when the driver made
+        none (with ``REPLICAS`` the flow makes every call). ``None``: it took the lock, now
+        recorded; otherwise the flow that goes on from there."""
+        if first is None:
+            return self._acquire_flow(None, None, attempt)
+        if isinstance(first, LockBackendError):
+            return self._acquire_flow(None, None, attempt, (None, first))
+        if self._won(attempt, first):
+            return None
+        return self._acquire_flow(None, None, attempt, (first, None))
+
     def _won(self, attempt: Attempt, reply: Any) -> bool:
-        """Whether the first call's ``reply`` took the lock, which is then recorded (a face that
-        made the call itself returns at once; otherwise it runs :meth:`_acquire_flow`)."""
+        """Whether the first call's ``reply`` took the lock, which is then recorded (the
+        driver returns at once; otherwise it runs :meth:`_acquire_flow` from that reply)."""
         if type(reply) is int:  # a free lock taken: the bare token (see _taken)
             return self._acquired(attempt.spec, attempt.owner, reply, 1, attempt.started, False)
         if reply[0] != 1:
@@ -839,7 +910,7 @@ class LockBase:
         blocking: bool | None,
         blocking_timeout: float | None,
         attempt: Attempt | None = None,
-        first: tuple[Any, BaseException | None] | None = None,
+        first: Outcome | None = None,
     ) -> Flow:
         """Take the lock; ``False`` when not acquired in time. One deadline covers every wait.
 
@@ -853,21 +924,18 @@ class LockBase:
         spec, owner = attempt.spec, attempt.owner
         waiter, listener = attempt.waiter, attempt.listener
         started, deadline = attempt.started, attempt.deadline
-        call: Call | None = attempt.call
         entry = ""
         contended = False
         reconnected = False
         try:
             while True:
-                if call is None:
-                    call = self._attempt_call(attempt, entry)
                 try:
                     if first is not None:
                         (reply, error), first = first, None
                         if error is not None:
                             raise error
                     else:
-                        reply = yield call
+                        reply = yield self._attempt_call(attempt, entry)
                 except NotReplicated as exc:
                     if int(_taken(exc.reply)[0]) != 1:
                         reply = exc.reply  # only a queue entry went unacknowledged
@@ -881,10 +949,8 @@ class LockBase:
                         # The connection dropped (killed, restarted pool): Redis may well be up.
                         # Our queue entry is still valid; reconnect once and keep waiting.
                         reconnected = True
-                        call = None
                         continue
                     raise
-                call = None
                 reconnected = False
                 state, value, extra = _taken(reply)
                 if state == 1:
@@ -1172,6 +1238,12 @@ def _taken(reply: Any) -> Any:
     which means ``[1, token, 1]``. :meth:`LockBase._won`, on every acquisition's path, reads the
     token without this."""
     return [1, reply, 1] if type(reply) is int else reply
+
+
+def _entry_ms(left: float, lease: float) -> int:
+    """How long a queue entry stays valid: until the next planned re-check — the deadline
+    (``left`` seconds away) or the holder's longest lease, whichever is first — plus a margin."""
+    return int((max(min(left, lease), 0.0) + ENTRY_MARGIN) * 1000)
 
 
 def _woken_here(reply: Any) -> Any:
