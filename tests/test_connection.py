@@ -313,3 +313,100 @@ def test_the_direct_path_packs_exactly_as_redis_py():
         assert b"".join(_pack(conn, other)) == b"".join(conn.pack_command(*other))
         with pytest.raises(AssertionError):
             _pack(bypassed, other)
+
+
+# -- the lean round trip (straight on the socket and the hiredis reader) ---------------------------
+
+
+def test_the_default_pool_gets_the_lean_round_trip_and_others_keep_redis_pys(url):
+    pytest.importorskip("hiredis")
+    from redis.connection import Connection
+
+    from django_redislock.connection import _lean_round_trip, _round_trip
+
+    class Subclassed(Connection):
+        pass
+
+    plain = DirectCommands(redis.Redis.from_url(url))
+    assert plain._round_trip is _lean_round_trip
+    checked = DirectCommands(redis.Redis.from_url(url, health_check_interval=30))
+    assert checked._round_trip is _round_trip  # its health checks are redis-py's
+    pool = redis.ConnectionPool.from_url(url, connection_class=Subclassed)
+    assert DirectCommands(redis.Redis(connection_pool=pool))._round_trip is _round_trip
+
+
+def test_the_reader_answers_what_the_lean_round_trip_waits_for(url):
+    """An empty reader answers redis-py's "not enough data" value (the sentinel changed within
+    redis-py 5.0): were it another, the lean round trip would return it as a reply."""
+    pytest.importorskip("hiredis")
+    from django_redislock.connection import _PENDING
+
+    client = redis.Redis.from_url(url)
+    conn = client.connection_pool.get_connection()
+    try:
+        conn.connect()
+        assert conn._parser._reader.gets() is _PENDING
+    finally:
+        client.connection_pool.release(conn)
+        client.connection_pool.disconnect()
+
+
+@pytest.fixture(params=["lean", "redis-py"])
+def runner(request: Any, url: str) -> Iterator[DirectCommands]:
+    """A direct runner with either round trip: both must behave alike."""
+    from django_redislock.connection import _lean_round_trip, _round_trip
+
+    client = redis.Redis.from_url(url, socket_timeout=0.5)
+    found = DirectCommands(client)
+    if request.param == "lean":
+        if found._round_trip is not _lean_round_trip:
+            pytest.fail("the lean round trip is not used with hiredis installed")
+    else:
+        found._round_trip = _round_trip
+    yield found
+    found.close()
+    client.connection_pool.disconnect()
+
+
+def test_a_reply_larger_than_one_read_arrives_whole(runner):
+    big = "x" * (3 * 65536 + 17)  # several reads of the parser's 64 KiB buffer
+    assert runner.execute_command("ECHO", big) == big.encode()
+    assert runner.execute_command("ECHO", "next") == b"next"  # nothing left unread
+    assert len(runner._idle) == 1
+
+
+def test_an_error_reply_raises_its_own_class_and_keeps_the_connection(runner):
+    with pytest.raises(redis.exceptions.NoScriptError):
+        runner.execute_command("EVALSHA", "0" * 40, 0)
+    with pytest.raises(redis.ResponseError, match="boom"):
+        runner.execute_command("EVAL", "return redis.error_reply('ERR boom')", 0)
+    kept = runner._idle[0]
+    assert runner.execute_command("PING") == b"PONG"
+    assert runner._idle == [kept]
+
+
+def test_a_connection_error_reply_drops_the_connection(runner):
+    """``LOADING`` is a connection error in redis-py (``BusyLoadingError``): the connection
+    is disconnected and given back, not kept."""
+    runner.execute_command("PING")
+    kept = runner._idle[0]
+    with pytest.raises(redis.exceptions.BusyLoadingError):
+        runner.execute_command("EVAL", "return redis.error_reply('LOADING fake')", 0)
+    assert kept not in runner._idle
+    assert runner.execute_command("PING") == b"PONG"
+
+
+def test_a_read_timeout_disconnects_with_redis_pys_message(runner):
+    runner.execute_command("PING")
+    kept = runner._idle[0]
+    with pytest.raises(redis.TimeoutError, match=r"^Timeout reading from "):
+        runner.execute_command("BLPOP", "direct:lean:nothing", 2)
+    assert runner._idle == []
+    assert kept._sock is None  # disconnected: the late reply can never be read as ours
+    assert runner.execute_command("ECHO", "after") == b"after"
+
+
+def test_a_connection_the_server_closed_is_retried_through_the_client(runner, redis_client):
+    runner.execute_command("CLIENT", "SETNAME", "lean-kill-me")
+    redis_client.execute_command("CLIENT KILL", "TYPE", "normal", "SKIPME", "yes")
+    assert runner.execute_command("ECHO", "again") == b"again"  # one retry, through the client
