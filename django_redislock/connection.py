@@ -629,8 +629,9 @@ class DirectCommands(_KeptConnections):
 
     def __init__(self, client: Any) -> None:
         super().__init__(client)
-        #: How a packed command is sent and its reply read (see :func:`_lean_round_trip`).
-        self._round_trip = _lean_round_trip if _lean_io(self.pool) else _round_trip
+        #: hiredis' ``pack_command`` when the lean round trip serves this pool (see
+        #: :func:`_lean_io`), else ``None``: redis-py's methods.
+        self._lean_pack = _lean_io(self.pool)
         # redis-py < 5.3 requires a command name (later versions warn when one is passed).
         params = inspect.signature(self.pool.get_connection).parameters
         name = params.get("command_name")
@@ -644,7 +645,16 @@ class DirectCommands(_KeptConnections):
                 conn = self._idle.pop()
             except IndexError:  # none kept (or another thread took it): the pool's
                 conn = self.pool.get_connection(*self._checkout_args)
-            reply = self._round_trip(conn, _pack(conn, args))
+            name, pack = args[0], self._lean_pack
+            if (
+                pack is not None
+                and type(name) is str
+                and " " not in name
+                and _PACKABLE.issuperset(map(type, args))
+            ):  # every script call: packed by hiredis exactly as by redis-py (see _pack)
+                reply = _lean_round_trip(conn, [pack(args)])
+            else:
+                reply = _round_trip(conn, _pack(conn, args))
         except BaseException as exc:
             drop, retry = self._settle(conn, exc)
             if drop is not None:
@@ -679,28 +689,32 @@ def _round_trip(conn: Any, packed: Any) -> Any:
     return conn.read_response()
 
 
-def _lean_io(pool: Any) -> bool:
-    """Whether :func:`_lean_round_trip` may serve the connections of ``pool``: redis-py's own
-    connection classes (their send and read not overridden), the hiredis parser, no health
-    checks. Anything else keeps redis-py's methods."""
+def _lean_io(pool: Any) -> Callable[[tuple[Any, ...]], bytes] | None:
+    """hiredis' ``pack_command`` if :func:`_lean_round_trip` may serve the connections of
+    ``pool`` (else ``None``): redis-py's own connection classes (their send and read not
+    overridden), the hiredis parser and packer, no health checks. Anything else keeps
+    redis-py's methods."""
     from redis import connection as rc
 
     try:
-        import hiredis  # noqa: F401  (the parser needs it)
+        from hiredis import pack_command
         from redis._parsers.hiredis import _HiredisParser
     except ImportError:
-        return False
+        return None
     base = getattr(rc, "AbstractConnection", None)
     cls = pool.connection_class
     kwargs = pool.connection_kwargs
-    return (
+    lean = (
         base is not None
+        and getattr(rc, "HIREDIS_AVAILABLE", False)
         and cls in (rc.Connection, rc.SSLConnection, rc.UnixDomainSocketConnection)
         and cls.send_packed_command is base.send_packed_command
         and cls.read_response is base.read_response
         and (kwargs.get("parser_class") or rc.DefaultParser) is _HiredisParser
+        and not kwargs.get("command_packer")
         and not kwargs.get("health_check_interval")
     )
+    return pack_command if lean else None
 
 
 def _lean_round_trip(conn: Any, packed: list[bytes]) -> Any:

@@ -322,17 +322,15 @@ def test_the_default_pool_gets_the_lean_round_trip_and_others_keep_redis_pys(url
     pytest.importorskip("hiredis")
     from redis.connection import Connection
 
-    from django_redislock.connection import _lean_round_trip, _round_trip
-
     class Subclassed(Connection):
         pass
 
     plain = DirectCommands(redis.Redis.from_url(url))
-    assert plain._round_trip is _lean_round_trip
+    assert plain._lean_pack is not None
     checked = DirectCommands(redis.Redis.from_url(url, health_check_interval=30))
-    assert checked._round_trip is _round_trip  # its health checks are redis-py's
+    assert checked._lean_pack is None  # its health checks are redis-py's
     pool = redis.ConnectionPool.from_url(url, connection_class=Subclassed)
-    assert DirectCommands(redis.Redis(connection_pool=pool))._round_trip is _round_trip
+    assert DirectCommands(redis.Redis(connection_pool=pool))._lean_pack is None
 
 
 def test_the_reader_answers_what_the_lean_round_trip_waits_for(url):
@@ -354,15 +352,13 @@ def test_the_reader_answers_what_the_lean_round_trip_waits_for(url):
 @pytest.fixture(params=["lean", "redis-py"])
 def runner(request: Any, url: str) -> Iterator[DirectCommands]:
     """A direct runner with either round trip: both must behave alike."""
-    from django_redislock.connection import _lean_round_trip, _round_trip
-
     client = redis.Redis.from_url(url, socket_timeout=0.5)
     found = DirectCommands(client)
     if request.param == "lean":
-        if found._round_trip is not _lean_round_trip:
+        if found._lean_pack is None:
             pytest.fail("the lean round trip is not used with hiredis installed")
     else:
-        found._round_trip = _round_trip
+        found._lean_pack = None
     yield found
     found.close()
     client.connection_pool.disconnect()
