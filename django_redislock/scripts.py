@@ -323,20 +323,30 @@ def renew_many(client: Any, calls: Sequence[tuple[str, str, int]]) -> list[Any]:
     ``calls`` are ``(lock key, owner, milliseconds)``. Results in order: ``1`` renewed, ``0`` no
     longer held by that owner, or the exception of the batch it was in. A script per lock in a
     pipeline costs the client its packing and parsing per lock; one script per batch costs a
-    fraction. Not for a Cluster (one script may touch one slot only).
+    fraction. A batch shares one lease (sent once), so calls are batched per lease: most
+    processes use one. Not for a Cluster (one script may touch one slot only).
     """
-    batches = [calls[i : i + RENEW_BATCH] for i in range(0, len(calls), RENEW_BATCH)]
+    by_lease: dict[int, list[int]] = {}  # lease -> indexes into calls
+    for index, (_, _, ms) in enumerate(calls):
+        by_lease.setdefault(ms, []).append(index)
+    batches = [
+        (ms, indexes[i : i + RENEW_BATCH])
+        for ms, indexes in by_lease.items()
+        for i in range(0, len(indexes), RENEW_BATCH)
+    ]
     replies = run_pipeline(
         client,
         RENEW_MANY,
         [
-            ([key for key, _, _ in batch], [x for _, o, ms in batch for x in (o, ms)])
-            for batch in batches
+            ([calls[i][0] for i in batch], [ms, *[calls[i][1] for i in batch]])
+            for ms, batch in batches
         ],
     )
-    results: list[Any] = []
-    for batch, reply in zip(batches, replies, strict=True):
-        results.extend([reply] * len(batch) if isinstance(reply, Exception) else reply)
+    results: list[Any] = [None] * len(calls)
+    for (_, batch), reply in zip(batches, replies, strict=True):
+        failed = isinstance(reply, Exception)
+        for position, index in enumerate(batch):
+            results[index] = reply if failed else reply[position]
     return results
 
 

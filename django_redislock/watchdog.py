@@ -113,11 +113,16 @@ class Watchdog:
         single call through the cluster client, which follows ``MOVED``/``ASK`` and failovers.
         """
         by_client: dict[tuple[int, str], tuple[Any, list[Hold]]] = {}
+        cluster: dict[int, bool] = {}  # is_cluster() per client, asked once per round
         for hold in due:
-            client = hold.client
-            if hold.replicas[0] or connection.is_cluster(client):
-                client = scripts.node_client(client, hold.renew[2][0])
-            by_client.setdefault((id(client), hold.renew[1].sha), (client, []))[1].append(hold)
+            renew = hold.renew
+            client = renew[0]
+            per_node = cluster.get(id(client))
+            if per_node is None:
+                per_node = cluster[id(client)] = connection.is_cluster(client)
+            if per_node or hold.replicas[0]:
+                client = scripts.node_client(client, renew[2][0])
+            by_client.setdefault((id(client), renew[1].sha), (client, []))[1].append(hold)
         for client, group in by_client.values():
             results: list[Any]
             try:
@@ -133,7 +138,11 @@ class Watchdog:
                     )
             except redis_errors.RedisError as exc:
                 results = [exc] * len(group)
+            now = time.monotonic()
             for hold, result in zip(group, results, strict=True):
+                if result == 1:  # renewed: the common case, settled inline
+                    hold.next_renewal = now + hold.lease / 3
+                    continue
                 if isinstance(result, Exception) and connection.is_cluster(hold.client):
                     result = self._renew_alone(hold)
                 self._settle(hold, result)
@@ -177,13 +186,12 @@ def _batchable(group: list[Hold]) -> bool:
     (acknowledged per renewal) and Redlock's renewer (a majority per renewal) keep one script
     call per hold.
     """
-    first = group[0]
-    return (
+    first = group[0]  # a group shares its client and script; a hold's renewal always resets
+    return (  # the lease (mode "set": see LockBase._acquired), which RENEW_MANY does
         first.renew[1] is scripts.RENEW
         and getattr(first.client, "batch_renewals", True)
         and not first.replicas[0]
         and not connection.is_cluster(first.client)
-        and all(h.renew[3][2] == "set" for h in group)
     )
 
 

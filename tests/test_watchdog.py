@@ -73,6 +73,30 @@ def test_a_batch_larger_than_one_script_call_renews_each_lock_and_reports_each_l
                 lock.release()
 
 
+def test_locks_of_different_leases_renewed_together_each_get_their_own(redis_client):
+    """RENEW_MANY sends one lease per script call, so one round renews per lease: interleaved
+    leases each come back to their own, and a loss is reported at its own lock."""
+    locks = [Lock(f"leases:{i}", timeout=(30, 60, 90)[i % 3]) for i in range(30)]
+    for lock in locks:
+        lock.acquire()
+    try:
+        gone = locks[16]  # a 60 s lock, between others
+        redis_client.delete(gone._spec().lock_key)
+        for lock in locks:
+            redis_client.pexpire(lock._spec().lock_key, 5000)
+        due = [holds.get((*lock._spec().ident, lock.owner)) for lock in locks]
+        watchdog.renew_now(cast("list[Hold]", due))
+        assert [lock for lock in locks if lock.lost] == [gone]
+        for lock in locks:
+            if lock is not gone:
+                left = redis_client.pttl(lock._spec().lock_key)
+                assert lock.timeout * 1000 - 5000 < left <= lock.timeout * 1000
+    finally:
+        for lock in locks:
+            if not lock.lost:
+                lock.release()
+
+
 def test_released_lock_is_no_longer_renewed():
     lock = Lock("released", timeout=0.3)
     lock.acquire()
