@@ -564,6 +564,22 @@ async def async_client_for(client: Any) -> Any:
 DIRECT_IDLE_MAX = 8
 
 
+def _checkout_args_of(pool: Any) -> tuple[str, ...]:
+    """The arguments a checkout passes ``pool.get_connection``: redis-py < 5.3 requires a
+    command name (later versions warn when one is passed). A subclass that forwards
+    ``*args`` (our asyncio pool) answers as the class it forwards to."""
+    for cls in type(pool).__mro__:
+        method = cls.__dict__.get("get_connection")
+        if method is None:
+            continue
+        params = inspect.signature(method).parameters
+        name = params.get("command_name")
+        if name is None and any(p.kind is p.VAR_POSITIONAL for p in params.values()):
+            continue  # forwards its arguments: ask the class it forwards to
+        return ("EVALSHA",) if name is not None and name.default is name.empty else ()
+    return ()
+
+
 class _KeptConnections:
     """What :class:`DirectCommands` and :class:`AsyncDirectCommands` share: the connections kept
     aside, and what an error means for the connection it happened on.
@@ -591,6 +607,8 @@ class _KeptConnections:
         limit = getattr(self.pool, "max_connections", None) or 2**31
         self._bound = min(DIRECT_IDLE_MAX, limit // 8)
         self._idle: list[Any] = []
+        #: What a checkout passes the pool's ``get_connection``.
+        self._checkout_args = _checkout_args_of(self.pool)
 
     def _keep(self, conn: Any) -> Any | None:
         """Keep ``conn`` for the next call; returns a connection beyond the bound, which the
@@ -632,11 +650,6 @@ class DirectCommands(_KeptConnections):
         #: hiredis' ``pack_command`` when the lean round trip serves this pool (see
         #: :func:`_lean_io`), else ``None``: redis-py's methods.
         self._lean_pack = _lean_io(self.pool)
-        # redis-py < 5.3 requires a command name (later versions warn when one is passed).
-        params = inspect.signature(self.pool.get_connection).parameters
-        name = params.get("command_name")
-        required = name is not None and name.default is inspect.Parameter.empty
-        self._checkout_args: tuple[str, ...] = ("EVALSHA",) if required else ()
 
     def execute_command(self, *args: Any) -> Any:
         conn = None
@@ -787,7 +800,11 @@ class AsyncDirectCommands(_KeptConnections):
         conn = None
         try:
             # One loop, no await before the pop: no other task can take it in between.
-            conn = self._idle.pop() if self._idle else await self.pool.get_connection()
+            conn = (
+                self._idle.pop()
+                if self._idle
+                else await self.pool.get_connection(*self._checkout_args)
+            )
             await conn.send_packed_command(conn.pack_command(*args))
             reply = await conn.read_response()
         except BaseException as exc:

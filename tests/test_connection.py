@@ -118,7 +118,8 @@ def test_kept_connections_are_bounded_and_go_back_to_the_pool(bounded):
     runner.close()
     assert runner._idle == []
     # Every connection of the pool can be checked out again: none is still kept aside.
-    taken = [bounded.connection_pool.get_connection() for _ in range(16)]
+    args = runner._checkout_args  # a command name on redis-py < 5.3
+    taken = [bounded.connection_pool.get_connection(*args) for _ in range(16)]
     for conn in taken:
         bounded.connection_pool.release(conn)
     runner.execute_command("PING")  # a closed runner still works, but keeps nothing
@@ -310,7 +311,13 @@ def test_the_direct_path_packs_exactly_as_redis_py():
     others: list[tuple[Any, ...]] = [("SET", "k", 1.5), ("SET", "k", bytearray(b"v"))]
     others.append(("SET", "k", memoryview(b"v")))
     for other in others:  # types hiredis would pack differently: redis-py's packer
-        assert b"".join(_pack(conn, other)) == b"".join(conn.pack_command(*other))
+        try:
+            expected = b"".join(conn.pack_command(*other))
+        except redis.DataError:  # redis-py < 5.1 packs no memoryview with hiredis: nor do we
+            with pytest.raises(redis.DataError):
+                _pack(conn, other)
+            continue
+        assert b"".join(_pack(conn, other)) == expected
         with pytest.raises(AssertionError):
             _pack(bypassed, other)
 
@@ -340,7 +347,7 @@ def test_the_reader_answers_what_the_lean_round_trip_waits_for(url):
     from django_redislock.connection import _PENDING
 
     client = redis.Redis.from_url(url)
-    conn = client.connection_pool.get_connection()
+    conn = client.connection_pool.get_connection(*DirectCommands(client)._checkout_args)
     try:
         conn.connect()
         assert conn._parser._reader.gets() is _PENDING
