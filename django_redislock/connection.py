@@ -692,7 +692,7 @@ class DirectCommands(_KeptConnections):
 
 
 #: What redis-py's hiredis reader answers while a reply is incomplete: its ``NOT_ENOUGH_DATA``
-#: sentinel since redis-py 5.0.1, hiredis' default ``False`` before.
+#: sentinel in redis-py 5.0.8 and later, hiredis' default ``False`` in 5.0.0 to 5.0.5.
 _PENDING = getattr(hiredis_parser, "NOT_ENOUGH_DATA", False)
 
 
