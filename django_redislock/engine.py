@@ -462,9 +462,10 @@ def drive(face: LockBase, work: Flow | Attempt) -> Any:
 
 async def adrive(face: LockBase, work: Flow | Attempt) -> Any:
     """Run a flow with ``await``: the same steps as :func:`drive`."""
-    flow: Flow | None = work if not isinstance(work, Attempt) else None
     if isinstance(work, Attempt):
         flow = face._after_first(work, await _afirst(face, work) if work.args else None)
+    else:
+        flow = work
     if flow is None:
         return True
     stepper = _Stepper.of(flow)
@@ -491,10 +492,9 @@ def _first(face: LockBase, attempt: Attempt) -> Any:
 
 async def _afirst(face: LockBase, attempt: Attempt) -> Any:
     """:func:`_first` for :func:`adrive`."""
-    spec = attempt.spec
-    call = (spec.script_keys, attempt.args or [], spec.acquire_action)
+    spec, args = attempt.spec, attempt.args or []
     try:
-        return await arun(face, face._acquire_script, *call)
+        return await arun(face, face._acquire_script, spec.script_keys, args, spec.acquire_action)
     except LockBackendError as exc:
         return exc
 
