@@ -18,6 +18,7 @@ An *overlap* (the next holder's ``acquire()`` returned before the previous holde
 
 from __future__ import annotations
 
+import contextlib
 import random
 import statistics
 import threading
@@ -122,12 +123,61 @@ def forked(
 
 
 #: Wake-up paths of the hand-off floor (section 2b): how a waiting process learns "your turn".
-RELAY_THREAD = "PUBLISH, read by a listener thread that opens the waiting thread's gate"
-RELAY_DIRECT = "PUBLISH, read by the waiting thread itself"
+RELAY_LEAN = (
+    "PUBLISH, read straight from the socket by a listener thread that opens the waiting "
+    "thread's gate (django-redislock's listener)"
+)
+RELAY_THREAD = "as the first, the listener reading through redis-py's get_message"
+RELAY_DIRECT_LEAN = "PUBLISH, read straight from the socket by the waiting thread itself"
+RELAY_DIRECT = "PUBLISH, read by the waiting thread itself through redis-py's get_message"
 RELAY_BLPOP = "RPUSH, the waiting thread blocked in BLPOP"
 RELAY_ASK = "as the first, and the passing process asks again (+1 PING)"
-RELAY_SCRIPTS = "our two scripts as a lock loop on one key, woken by a listener thread (no engine)"
-RELAY_MODES = (RELAY_THREAD, RELAY_DIRECT, RELAY_BLPOP, RELAY_ASK, RELAY_SCRIPTS)
+RELAY_SCRIPTS = (
+    "our two scripts as a lock loop on one key, woken by a listener thread that reads as "
+    "ours does (no engine)"
+)
+RELAY_SCRIPTS_DIRECT = "as the last, the waiting thread reading its own wake-up (no listener)"
+RELAY_MODES = (
+    RELAY_LEAN,
+    RELAY_THREAD,
+    RELAY_DIRECT_LEAN,
+    RELAY_DIRECT,
+    RELAY_BLPOP,
+    RELAY_ASK,
+    RELAY_SCRIPTS,
+    RELAY_SCRIPTS_DIRECT,
+)
+#: The paths that read published messages straight from the socket, as the engine's listener.
+_LEAN_MODES = (RELAY_LEAN, RELAY_DIRECT_LEAN, RELAY_ASK, RELAY_SCRIPTS, RELAY_SCRIPTS_DIRECT)
+#: The paths where a listener thread reads and opens the waiting thread's gate.
+_THREAD_MODES = (RELAY_LEAN, RELAY_THREAD, RELAY_ASK, RELAY_SCRIPTS)
+
+
+def _message_reader(pubsub: Any, lean: bool) -> tuple[Callable[[float], Any], bool]:
+    """``read(timeout)``: the data of the next published message on ``pubsub`` (``None``: none
+    within ``timeout``, or not a message), read as the engine's wake-up listener reads it
+    (:func:`django_redislock.connection.pubsub_reader`) when ``lean`` and the connection allows
+    it, else through redis-py's ``get_message``; and whether it reads lean."""
+    from django_redislock import connection, wakeups
+
+    raw = (connection.pubsub_reader(pubsub) if lean else None) or wakeups._get_message(pubsub)
+    kinds = connection.MESSAGE_KINDS
+
+    def read(timeout: float) -> Any:
+        reply = raw(timeout)
+        if isinstance(reply, list) and len(reply) == 3 and reply[0] in kinds:
+            return reply[2]
+        return None
+
+    return read, lean and connection.pubsub_reader(pubsub) is not None
+
+
+def _subscribe(conn: Any, channel: str) -> Any:
+    pubsub = conn.pubsub()
+    pubsub.subscribe(channel)
+    while (m := pubsub.get_message(timeout=1.0)) is None or m["type"] != "subscribe":
+        pass
+    return pubsub
 
 
 def relay(
@@ -143,8 +193,8 @@ def relay(
     """
     import redis
 
-    if mode == RELAY_SCRIPTS:
-        return _scripts_loop(key, t_start, t_end, warm)
+    if mode in (RELAY_SCRIPTS, RELAY_SCRIPTS_DIRECT):
+        return _scripts_loop(key, t_start, t_end, warm, listener=mode == RELAY_SCRIPTS)
     conn = redis.Redis.from_url(f"{c.WORKER['url']}/0", socket_timeout=5)
     mine, following = f"{key}:{position}", f"{key}:{(position + 1) % procs}"
     stop = threading.Event()
@@ -152,29 +202,27 @@ def relay(
     gate.acquire()
     pubsub: Any = None
     listener: threading.Thread | None = None
+    read: Callable[[float], Any] = lambda timeout: None  # noqa: E731
+    lean = False
     if mode != RELAY_BLPOP:
-        pubsub = conn.pubsub()
-        pubsub.subscribe(mine)
-        while (m := pubsub.get_message(timeout=1.0)) is None or m["type"] != "subscribe":
-            pass
-    if mode in (RELAY_THREAD, RELAY_ASK):
+        pubsub = _subscribe(conn, mine)
+        read, lean = _message_reader(pubsub, mode in _LEAN_MODES)
+    if mode in _THREAD_MODES:
 
         def listen() -> None:
             while not stop.is_set():
-                message = pubsub.get_message(timeout=0.05)
-                if message is not None and message["type"] == "message":
+                if read(0.05) is not None:
                     gate.release()
 
         listener = threading.Thread(target=listen, daemon=True)
         listener.start()
 
     def wait() -> bool:
-        if mode in (RELAY_THREAD, RELAY_ASK):
+        if mode in _THREAD_MODES:
             return gate.acquire(timeout=0.05)
-        if mode == RELAY_DIRECT:
-            message = pubsub.get_message(timeout=0.05)
-            return message is not None and message["type"] == "message"
-        return conn.blpop([mine], timeout=0.05) is not None
+        if mode == RELAY_BLPOP:
+            return conn.blpop([mine], timeout=0.05) is not None
+        return read(0.05) is not None
 
     def pass_on() -> None:
         if mode == RELAY_BLPOP:
@@ -198,7 +246,7 @@ def relay(
         pubsub.close()
     conn.delete(mine)
     conn.close()
-    return {"received": received, "cpu_s": cpu}
+    return {"received": received, "cpu_s": cpu, "lean": lean}
 
 
 def _passes(
@@ -223,17 +271,23 @@ def _passes(
     return received, time.process_time() - cpu
 
 
-def _scripts_loop(key: str, t_start: float, t_end: float, warm: float) -> dict[str, Any]:
-    """One process of :data:`RELAY_SCRIPTS`: section 2's lock loop done by our two scripts alone.
+def _scripts_loop(
+    key: str, t_start: float, t_end: float, warm: float, *, listener: bool
+) -> dict[str, Any]:
+    """One process of :data:`RELAY_SCRIPTS` (or :data:`RELAY_SCRIPTS_DIRECT`): section 2's lock
+    loop done by our two scripts alone.
 
     Acquire with a waiter id (a busy lock queues the caller in the same call, as ``Lock``
     does); a queued caller waits for its hand-off message (``h <waiter> <token>``: on a single
-    Redis the release hands the lock over outright), read by a listener thread that sets an
-    event; the holder releases at once (the release hands the lock to the oldest waiter and
-    publishes to its process). Keys, arguments and the kept connection are ``Lock``'s; no lock
-    object, hold table, watchdog, statistics, ``Waiter`` or flow. The process listens on a
-    channel of its own (its process token + ``"f"``), not on the engine listener's. What our
-    protocol costs per contended acquisition, below which the engine cannot go.
+    Redis the release hands the lock over outright), read straight from the socket as the
+    engine's listener reads it, by a listener thread that opens the caller's gate (or, without
+    ``listener``, by the caller itself); the holder releases at once (the release hands the
+    lock to the oldest waiter and publishes to its process). Keys, arguments and the kept
+    connection are ``Lock``'s; no lock object, hold table, watchdog, statistics, ``Waiter`` or
+    flow. The process listens on a channel of its own (its process token + ``"f"``), not on
+    the engine listener's. With a listener thread: what our protocol costs per contended
+    acquisition, below which the engine cannot go; without: what a waiter reading its own
+    wake-up would save.
     """
     import itertools
 
@@ -247,21 +301,26 @@ def _scripts_loop(key: str, t_start: float, t_end: float, warm: float) -> dict[s
     entry_ms = int((spec.lease + engine.ENTRY_MARGIN) * 1000)
     waiters = itertools.count()
     handed: set[str] = set()
-    woken = threading.Event()
+    gate = threading.Lock()
+    gate.acquire()
     stop = threading.Event()
-    pubsub = spec.target.client.pubsub()
-    pubsub.subscribe(spec.target.channel_prefix + token)
-    while (m := pubsub.get_message(timeout=1.0)) is None or m["type"] != "subscribe":
-        pass
+    pubsub = _subscribe(spec.target.client, spec.target.channel_prefix + token)
+    read, lean = _message_reader(pubsub, True)
+
+    def take_message(timeout: float) -> bool:
+        data = read(timeout)
+        if data is None:
+            return False
+        kind, waiter = (data.decode() if isinstance(data, bytes) else data).split(" ")[:2]
+        if kind == "h":
+            handed.add(waiter)
+        return kind == "h"
 
     def listen() -> None:
         while not stop.is_set():
-            message = pubsub.get_message(timeout=0.05)
-            if message is not None and message["type"] == "message":
-                kind, waiter = message["data"].decode().split(" ")[:2]
-                if kind == "h":
-                    handed.add(waiter)
-                    woken.set()
+            if take_message(0.05):
+                with contextlib.suppress(RuntimeError):  # already open
+                    gate.release()
 
     def acquire() -> None:
         waiter, entry = f"{token}.{next(waiters)}", ""
@@ -276,8 +335,10 @@ def _scripts_loop(key: str, t_start: float, t_end: float, warm: float) -> dict[s
                 left = deadline - time.perf_counter()
                 if left <= 0:
                     break
-                woken.wait(left)
-                woken.clear()
+                if listener:
+                    gate.acquire(timeout=left)
+                else:
+                    take_message(left)
             if waiter in handed:
                 handed.discard(waiter)
                 return
@@ -288,13 +349,15 @@ def _scripts_loop(key: str, t_start: float, t_end: float, warm: float) -> dict[s
             raise RuntimeError("scripts loop: a lock it held was not released")
         return True
 
-    listener = threading.Thread(target=listen, daemon=True)
-    listener.start()
+    thread = threading.Thread(target=listen, daemon=True) if listener else None
+    if thread is not None:
+        thread.start()
     received, cpu = _passes(t_start, t_end, warm, one)
     stop.set()
-    listener.join()
+    if thread is not None:
+        thread.join()
     pubsub.close()
-    return {"received": received, "cpu_s": cpu}
+    return {"received": received, "cpu_s": cpu, "lean": lean}
 
 
 def many_keys(
@@ -486,6 +549,7 @@ def run_relay(
         passes: dict[str, list[float]] = {m: [] for m in RELAY_MODES}
         redis_cpu: dict[str, list[float]] = {m: [] for m in RELAY_MODES}
         client_cpu: dict[str, list[float]] = {m: [] for m in RELAY_MODES}
+        lean: dict[str, bool] = {m: True for m in RELAY_MODES}
         for r in range(rounds):
             shift = (run_index * rounds + r) % len(RELAY_MODES)
             for mode in RELAY_MODES[shift:] + RELAY_MODES[:shift]:
@@ -501,6 +565,7 @@ def run_relay(
                         timeout=warm + duration + 120,
                     )  # fmt: skip
                 received = sum(reply["received"] for reply in replies)
+                lean[mode] = lean[mode] and all(reply.get("lean", False) for reply in replies)
                 passes[mode].append(received / duration)
                 if received:
                     # Whole block (warm-up included) over counted passes: an upper bound.
@@ -514,6 +579,7 @@ def run_relay(
                     "passes_per_s": statistics.median(passes[mode]),
                     "redis_cpu_us": statistics.median(redis_cpu[mode] or [float("nan")]),
                     "client_cpu_us": statistics.median(client_cpu[mode] or [float("nan")]),
+                    "lean": lean[mode],
                 }
                 for mode in RELAY_MODES
             }
@@ -530,7 +596,7 @@ def run_relay(
 
 def relay_tables(res: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]]]:
     rows = []
-    base = [run[RELAY_THREAD]["passes_per_s"] for run in res["per_run"]]
+    base = [run[RELAY_LEAN]["passes_per_s"] for run in res["per_run"]]
     for mode in res["modes"]:
         s = c.spreads([run[mode] for run in res["per_run"]])
         ratio = c.Spread.of(
@@ -551,7 +617,7 @@ def relay_tables(res: dict[str, Any]) -> dict[str, tuple[list[str], list[list[st
     headers = [
         "wake-up path",
         "passes/s",
-        f"{X} listener thread",
+        f"{X} our listener",
         "Redis CPU µs/pass",
         "client CPU µs/pass",
     ]
@@ -563,24 +629,38 @@ def relay_tables(res: dict[str, Any]) -> dict[str, tuple[list[str], list[list[st
 
 
 def relay_notes(res: dict[str, Any]) -> list[str]:
-    return [
+    notes = [
         f"{res['runs']} runs x {res['rounds']} rounds x {res['duration']:g} s per path, paths "
         f"interleaved; figures: median of the runs (min{DASH}max). CPU per pass: the whole "
         "block (warm-up included) over the passes counted after it.",
         "A lock hand-off between processes does at least this: the release is the command, the "
         "next holder's wake-up the rest. django-redislock wakes waiters by the first path (one "
-        "subscribed connection per process, however many threads and tasks wait); "
-        "python-redis-lock by the third (one blocked connection per waiting thread).",
-        "The last row is the floor of a lock loop like section 2's: a holder that releases "
+        "subscribed connection per process, however many threads and tasks wait, read straight "
+        "from the socket into the hiredis reader); python-redis-lock by the BLPOP path (one "
+        "blocked connection per waiting thread).",
+        "'asks again': the floor of a lock loop like section 2's: a holder that releases "
         "(the pass) asks for the lock again at once, one more round trip per hand-off that "
         "competes for the same cores (django-redislock: its next acquire, which queues; "
         "python-redis-lock: a failed SET NX and a BLPOP).",
         "Our two scripts as a lock loop: section 2's loop with acquire.lua (a busy lock queues "
         "the caller) and release.lua (hands the lock to the oldest waiter, publishes to its "
-        "process), a listener thread per process, the keys, arguments and kept connection of a "
-        "Lock, and no engine (lock object, hold table, watchdog, statistics, flow): what our "
-        "protocol costs per contended acquisition. A pass is an acquisition here.",
+        "process), the keys, arguments and kept connection of a Lock, and no engine (lock "
+        "object, hold table, watchdog, statistics, flow). With a listener thread per process, "
+        "as the engine has: what our protocol costs per contended acquisition. Without one (the "
+        "waiting thread reads its own wake-up): what that design would save. A pass is an "
+        "acquisition here.",
     ]
+    fell_back = [
+        mode
+        for mode in res["modes"]
+        if mode in _LEAN_MODES and not all(run.get(mode, {}).get("lean") for run in res["per_run"])
+    ]
+    if fell_back:
+        notes.append(
+            "Read through redis-py's get_message (no hiredis, or a connection the lean reader "
+            "does not serve): " + "; ".join(fell_back) + "."
+        )
+    return notes
 
 
 def empty() -> dict[str, Any]:

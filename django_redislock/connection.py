@@ -702,32 +702,109 @@ def _round_trip(conn: Any, packed: Any) -> Any:
     return conn.read_response()
 
 
-def _lean_io(pool: Any) -> Callable[[tuple[Any, ...]], bytes] | None:
-    """hiredis' ``pack_command`` if :func:`_lean_round_trip` may serve the connections of
-    ``pool`` (else ``None``): redis-py's own connection classes (their send and read not
-    overridden), the hiredis parser and packer, no health checks. Anything else keeps
-    redis-py's methods."""
+def _lean_class(cls: type, parser_class: type | None, health_check_interval: Any) -> bool:
+    """Whether connections of ``cls`` with this parser do nothing on the socket but what
+    :func:`_lean_round_trip` and :func:`pubsub_reader` do: redis-py's own connection classes
+    (send and read not overridden), the hiredis parser, no health checks."""
     from redis import connection as rc
 
     try:
-        from hiredis import pack_command
         from redis._parsers.hiredis import _HiredisParser
     except ImportError:
-        return None
+        return False
     base = getattr(rc, "AbstractConnection", None)
-    cls = pool.connection_class
-    kwargs = pool.connection_kwargs
-    lean = (
+    return (
         base is not None
         and getattr(rc, "HIREDIS_AVAILABLE", False)
         and cls in (rc.Connection, rc.SSLConnection, rc.UnixDomainSocketConnection)
         and cls.send_packed_command is base.send_packed_command
         and cls.read_response is base.read_response
-        and (kwargs.get("parser_class") or rc.DefaultParser) is _HiredisParser
-        and not kwargs.get("command_packer")
-        and not kwargs.get("health_check_interval")
+        and (parser_class or rc.DefaultParser) is _HiredisParser
+        and not health_check_interval
     )
+
+
+def _lean_io(pool: Any) -> Callable[[tuple[Any, ...]], bytes] | None:
+    """hiredis' ``pack_command`` if :func:`_lean_round_trip` may serve the connections of
+    ``pool`` (else ``None``): see :func:`_lean_class`, and no custom command packer. Anything
+    else keeps redis-py's methods."""
+    try:
+        from hiredis import pack_command
+    except ImportError:
+        return None
+    kwargs = pool.connection_kwargs
+    lean = _lean_class(
+        pool.connection_class, kwargs.get("parser_class"), kwargs.get("health_check_interval")
+    ) and not kwargs.get("command_packer")
     return pack_command if lean else None
+
+
+#: The kind of a published message in a reply read by :func:`pubsub_reader` (bytes, or text
+#: for a client with ``decode_responses``), and in redis-py's message dicts.
+MESSAGE_KINDS = (b"message", "message")
+
+
+def pubsub_reader(pubsub: Any) -> Callable[[float], Any] | None:
+    """A function that reads the next reply of ``pubsub``'s subscribed connection straight from
+    its socket into its hiredis reader, or ``None`` when the connection is not one
+    :func:`_lean_class` admits: use ``get_message`` then.
+
+    ``read(timeout)`` returns the reply as hiredis parses it (a message is ``[kind, channel,
+    data]``, a RESP3 push being a list too), or ``None`` when nothing whole arrived within
+    ``timeout`` seconds (a partial reply stays in the reader). It raises redis-py's
+    ``ConnectionError`` when the connection is closed or fails, and an error reply as the
+    exception it is. A RESP3 push that is not a message (a maintenance notice, an invalidation)
+    still goes to redis-py's push handlers. Why: redis-py's ``get_message`` spends far more
+    Python per message (health check, ``can_read`` poll, push dispatch, a dict per message)
+    than the rest of a hand-off's wake-up, and a hand-off between processes waits on it.
+
+    Call it only after the subscription was confirmed, from one thread. It leaves the socket's
+    timeout changed; the caller disconnects the connection when done (``PubSub.reset``).
+    """
+    conn: Any = getattr(pubsub, "connection", None)
+    parser: Any = getattr(conn, "_parser", None)
+    if conn is None or not _lean_class(
+        type(conn), type(parser), getattr(conn, "health_check_interval", 0)
+    ):
+        return None
+    buffer = getattr(parser, "_buffer", None)
+    if getattr(parser, "_reader", None) is None or buffer is None or conn._sock is None:
+        return None
+    pending = _PENDING
+    push_type: Any = getattr(parser, "_hiredis_PushNotificationType", None)
+    on_push: Any = getattr(parser, "handle_push_response", None) if push_type else None
+    kinds = MESSAGE_KINDS
+
+    def read(timeout: float) -> Any:
+        # Socket and reader are looked up each time: a reconnect replaces both.
+        sock, reader = conn._sock, parser._reader
+        if sock is None or reader is None:
+            raise redis_errors.ConnectionError("Connection closed.")
+        reply: Any = reader.gets()
+        if reply is pending:
+            try:
+                if sock.gettimeout() != timeout:  # no system call, unlike settimeout
+                    sock.settimeout(timeout)
+                while reply is pending:
+                    size = sock.recv_into(buffer)
+                    if not size:
+                        raise redis_errors.ConnectionError("Connection closed by server.")
+                    reader.feed(buffer, 0, size)
+                    reply = reader.gets()
+            except TimeoutError:  # socket.timeout: nothing whole yet
+                return None
+            except OSError as exc:
+                raise redis_errors.ConnectionError(
+                    f"Error while reading from {conn._host_error()} : {exc.args}"
+                ) from None
+        if type(reply) is not list:  # RESP2 messages are plain lists: nothing more to do
+            if isinstance(reply, redis_errors.RedisError):
+                raise reply
+            if on_push is not None and type(reply) is push_type and reply[0] not in kinds:
+                on_push(reply)
+        return reply
+
+    return read
 
 
 def _lean_round_trip(conn: Any, packed: list[bytes]) -> Any:

@@ -23,9 +23,10 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from django_redislock import holds
+from django_redislock import connection, holds
 
 __all__ = [
     "HEALTH_INTERVAL",
@@ -246,6 +247,8 @@ class Listener:
         self.reply_timeout = reply_timeout or DEFAULT_REPLY_TIMEOUT
         self.ready = threading.Event()
         self.connections = 0
+        #: Whether the current subscription is read by :func:`connection.pubsub_reader`.
+        self.lean = False
         self._thread: threading.Thread | None = None
         self._mutex = threading.Lock()
 
@@ -292,19 +295,23 @@ class Listener:
             self.ready.set()
             if self.connections > 1:
                 _wake_all()
+            lean = connection.pubsub_reader(pubsub)
+            self.lean = lean is not None
+            read = lean or _get_message(pubsub)
+            kinds = connection.MESSAGE_KINDS
             last_heard = idle_since = time.monotonic()
             pinged = False
             while True:
-                message = pubsub.get_message(timeout=HEALTH_INTERVAL)
+                reply = read(HEALTH_INTERVAL)
                 now = time.monotonic()
                 if _waiters:
                     idle_since = now
                 elif now - idle_since > IDLE_EXIT:
                     return
-                if message is not None:
+                if reply is not None:
                     last_heard, pinged = now, False
-                    if message.get("type") == "message":
-                        _dispatch(message["data"])
+                    if isinstance(reply, list) and len(reply) == 3 and reply[0] in kinds:
+                        _dispatch(reply[2])
                     continue
                 silent = now - last_heard
                 if pinged and silent > HEALTH_INTERVAL + self.reply_timeout:
@@ -326,6 +333,19 @@ class Listener:
             message = pubsub.get_message(timeout=remaining)
             if message is not None and message.get("type") == kind:
                 return
+
+
+def _get_message(pubsub: Any) -> Callable[[float], Any]:
+    """:func:`connection.pubsub_reader`'s ``read`` done by redis-py's ``get_message`` (for the
+    connections that reader does not serve): the message dict as ``[kind, channel, data]``."""
+
+    def read(timeout: float) -> Any:
+        message = pubsub.get_message(timeout=timeout)
+        if message is None:
+            return None
+        return [message.get("type"), message.get("channel"), message.get("data")]
+
+    return read
 
 
 class _AllReady:

@@ -413,3 +413,111 @@ def test_a_connection_the_server_closed_is_retried_through_the_client(runner, re
     runner.execute_command("CLIENT", "SETNAME", "lean-kill-me")
     redis_client.execute_command("CLIENT KILL", "TYPE", "normal", "SKIPME", "yes")
     assert runner.execute_command("ECHO", "again") == b"again"  # one retry, through the client
+
+
+# -- the lean pub/sub reader (the wake-up listener's reads) ----------------------------------------
+
+CHANNEL = "lean:pubsub"
+
+
+@pytest.fixture(params=[2, 3], ids=["resp2", "resp3"])
+def subscribed(request: Any, url: str) -> Iterator[tuple[redis.Redis, Any]]:
+    """A client (RESP2 or RESP3) and a pub/sub of it subscribed to :data:`CHANNEL`."""
+    pytest.importorskip("hiredis")
+    client = redis.Redis.from_url(url, protocol=request.param)
+    pubsub = client.pubsub()
+    pubsub.subscribe(CHANNEL)
+    deadline = time.monotonic() + 5
+    while (m := pubsub.get_message(timeout=1.0)) is None or m["type"] != "subscribe":
+        assert time.monotonic() < deadline, "no subscribe confirmation"
+    yield client, pubsub
+    pubsub.reset()
+    client.close()
+
+
+def test_only_plain_hiredis_connections_get_the_lean_pubsub_reader(url):
+    pytest.importorskip("hiredis")
+    from redis.connection import Connection
+
+    from django_redislock.connection import pubsub_reader
+
+    class Subclassed(Connection):
+        pass
+
+    def reader_of(client: redis.Redis) -> Any:
+        pubsub = client.pubsub()
+        try:
+            pubsub.subscribe(CHANNEL)
+            return pubsub_reader(pubsub)
+        finally:
+            pubsub.reset()
+            client.close()
+
+    assert reader_of(redis.Redis.from_url(url, protocol=2)) is not None
+    assert reader_of(redis.Redis.from_url(url, protocol=3)) is not None
+    assert reader_of(redis.Redis.from_url(url, health_check_interval=30)) is None
+    pool = redis.ConnectionPool.from_url(url, connection_class=Subclassed)
+    assert reader_of(redis.Redis(connection_pool=pool)) is None
+    assert pubsub_reader(redis.Redis.from_url(url).pubsub()) is None  # not subscribed yet
+
+
+def test_the_lean_pubsub_reader_reads_messages_whole_in_order_then_times_out(subscribed):
+    from django_redislock.connection import MESSAGE_KINDS, pubsub_reader
+
+    client, pubsub = subscribed
+    read = pubsub_reader(pubsub)
+    assert read is not None
+    sent = ["h a.1 5", "x" * (3 * 65536 + 5), "r b.2 0"]  # the middle one: several reads
+    for data in sent:
+        assert client.publish(CHANNEL, data) == 1
+    replies = [read(2.0) for _ in sent]
+    assert [r[0] in MESSAGE_KINDS for r in replies] == [True] * 3
+    assert [(r[1], r[2]) for r in replies] == [(CHANNEL.encode(), d.encode()) for d in sent]
+    started = time.monotonic()
+    assert read(0.2) is None  # nothing more: the timeout, not a hang
+    assert 0.15 <= time.monotonic() - started < 1.5
+    pubsub.ping()
+    assert read(2.0) is not None  # the pong (a list in RESP2, b"PONG" in RESP3)
+    assert client.publish(CHANNEL, "after") == 1
+    assert read(2.0)[2] == b"after"
+
+
+def test_the_lean_pubsub_reader_raises_when_the_server_closes_the_connection(
+    subscribed, redis_client
+):
+    from django_redislock.connection import pubsub_reader
+
+    _, pubsub = subscribed
+    read = pubsub_reader(pubsub)
+    assert read is not None
+    assert redis_client.client_kill_filter(_type="pubsub") >= 1
+    started = time.monotonic()
+    with pytest.raises(redis.ConnectionError):
+        read(5.0)
+    assert time.monotonic() - started < 2.0
+
+
+def test_the_lean_pubsub_reader_hands_other_pushes_to_redis_py(url):
+    """A RESP3 push that is not a message (here an invalidation) reaches redis-py's push
+    handler, as through ``get_message``; the listener then ignores it."""
+    pytest.importorskip("hiredis")
+    from django_redislock.connection import pubsub_reader
+
+    client = redis.Redis.from_url(url, protocol=3)
+    pubsub = client.pubsub()
+    try:
+        pubsub.subscribe(CHANNEL)
+        read = pubsub_reader(pubsub)
+        assert read is not None and read(2.0)[0] == b"subscribe"
+        parser = pubsub.connection._parser
+        seen: list[Any] = []
+        handles = hasattr(parser, "invalidation_push_handler_func")
+        if handles:
+            parser.invalidation_push_handler_func = seen.append
+        parser._reader.feed(b">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n")
+        reply = read(2.0)
+        assert list(reply) == [b"invalidate", [b"k"]]
+        assert seen == ([reply] if handles else [])
+    finally:
+        pubsub.reset()
+        client.close()

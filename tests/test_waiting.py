@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from django_redislock import Lock, LockBackendError, engine, wakeups
+from django_redislock import Lock, LockBackendError, connection, engine, wakeups
 from django_redislock.keys import keyspace
-from tests.conftest import ROOT, hand_off_messages, subprocess_env, wait_for
+from tests.conftest import ROOT, hand_off_messages, hold, subprocess_env, wait_for
 
 
 def queue_length(redis_client, name: str) -> int:
@@ -84,6 +84,23 @@ def processes():
             proc.stdout.close()
 
 
+@pytest.fixture(params=["lean", "get_message"])
+def listener_reads(request, monkeypatch):
+    """The wake-up listener reading its subscription straight from the socket, or through
+    redis-py's ``get_message`` (a connection the lean reader does not serve): both must wake
+    waiters alike. Listeners of earlier tests are stopped first, so the next one chooses anew."""
+    if request.param == "lean":
+        pytest.importorskip("hiredis")
+    else:
+        monkeypatch.setattr(connection, "pubsub_reader", lambda pubsub: None)
+    idle_exit = wakeups.IDLE_EXIT
+    monkeypatch.setattr(wakeups, "IDLE_EXIT", 0.0)
+    for listener in list(wakeups._listeners.values()):
+        wait_for(lambda one=listener: one._thread is None, what="an idle listener to stop")
+    monkeypatch.setattr(wakeups, "IDLE_EXIT", idle_exit)
+    return request.param
+
+
 @pytest.fixture
 def publish_counts_nobody(monkeypatch):
     """Hand-offs as on a Redis Cluster, where PUBLISH's count cannot tell a dead waiter."""
@@ -119,11 +136,13 @@ def test_a_wait_longer_than_the_default_socket_timeout_succeeds(redis_client, al
 
 
 @pytest.mark.parametrize("kind", ["normal", "pubsub"])
-def test_a_killed_connection_during_a_wait_keeps_waiting(redis_client, kind):
+def test_a_killed_connection_during_a_wait_keeps_waiting(redis_client, kind, listener_reads):
     holder = Lock(f"kill-{kind}", timeout=30)
     holder.acquire()
     waiter = start_waiter(f"kill-{kind}", blocking_timeout=8)
     wait_for(lambda: queue_length(redis_client, f"kill-{kind}") == 1, what="the waiter to queue")
+    listener = holder._target().listener()
+    assert listener.lean is (listener_reads == "lean")
     killed = redis_client.client_kill_filter(_type=kind)
     assert killed >= 1
     time.sleep(1.5)  # the old failure surfaced here, after the killed read
@@ -131,6 +150,21 @@ def test_a_killed_connection_during_a_wait_keeps_waiting(redis_client, kind):
     holder.release()
     waiter.join(10)
     assert waiter.error is None and waiter.result is True
+
+
+def test_a_hand_off_from_another_process_wakes_the_waiter_at_once(
+    redis_client, holders, listener_reads
+):
+    """The release in another process publishes to this process's channel; the listener reads
+    it and wakes the waiter, long before the holder's lease (30 s) would make it re-check."""
+    hold(holders, "cross-process", "--hold", "1.0", "--timeout", "30")
+    started = time.monotonic()
+    waiter = start_waiter("cross-process", blocking_timeout=20)
+    wait_for(lambda: queue_length(redis_client, "cross-process") == 1, what="the waiter to queue")
+    waiter.join(20)
+    assert waiter.error is None and waiter.result is True
+    assert waiter.acquired_at is not None and waiter.acquired_at - started < 3.0
+    assert Lock("cross-process")._target().listener().lean is (listener_reads == "lean")
 
 
 def test_redis_down_during_a_wait_raises_within_the_deadline(redis_factory, settings):
