@@ -5,7 +5,9 @@ here and sleeps on it; the Lua ``hand_off`` publishes ``h <waiter id>`` on the c
 waiter's process (``<namespace>:wake:<process token>``), and this process's :class:`Listener`
 thread — one ``SUBSCRIBE``d connection per Redis client, however many threads or asyncio tasks wait
 — wakes the waiter, which then claims the lock. So a thousand waiting threads need one
-connection, not a thousand (a pool of 10 serves them), and there is no polling.
+connection, not a thousand (a pool of 10 serves them), and there is no polling. A hand-off between
+processes waits on the listener's read, so it reads straight from the socket into the hiredis
+reader where the connection allows (:func:`connection.pubsub_reader`), else via ``get_message``.
 
 Channels are not keys, so scripts that publish touch nothing outside their lock's hash slot.
 On a single Redis, ``PUBLISH`` returns how many subscribers heard it: a waiter whose process died
