@@ -160,16 +160,13 @@ def _message_reader(pubsub: Any, lean: bool) -> tuple[Callable[[float], Any], bo
     it, else through redis-py's ``get_message``; and whether it reads lean."""
     from django_redislock import connection, wakeups
 
-    raw = (connection.pubsub_reader(pubsub) if lean else None) or wakeups._get_message(pubsub)
-    kinds = connection.MESSAGE_KINDS
+    direct = connection.pubsub_reader(pubsub) if lean else None
+    raw = direct or wakeups._get_message(pubsub)
 
     def read(timeout: float) -> Any:
-        reply = raw(timeout)
-        if isinstance(reply, list) and len(reply) == 3 and reply[0] in kinds:
-            return reply[2]
-        return None
+        return connection.message_data(raw(timeout))
 
-    return read, lean and connection.pubsub_reader(pubsub) is not None
+    return read, direct is not None
 
 
 def _subscribe(conn: Any, channel: str) -> Any:

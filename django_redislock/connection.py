@@ -744,6 +744,14 @@ def _lean_io(pool: Any) -> Callable[[tuple[Any, ...]], bytes] | None:
 MESSAGE_KINDS = (b"message", "message")
 
 
+def message_data(reply: Any) -> Any:
+    """The data of a published message read by :func:`pubsub_reader` (or shaped like one:
+    ``[kind, channel, data]``), ``None`` for any other reply (a pong, a confirmation)."""
+    if isinstance(reply, list) and len(reply) == 3 and reply[0] in MESSAGE_KINDS:
+        return reply[2]
+    return None
+
+
 def pubsub_reader(pubsub: Any) -> Callable[[float], Any] | None:
     """A function that reads the next reply of ``pubsub``'s subscribed connection straight from
     its socket into its hiredis reader, or ``None`` when the connection is not one

@@ -300,7 +300,6 @@ class Listener:
             lean = connection.pubsub_reader(pubsub)
             self.lean = lean is not None
             read = lean or _get_message(pubsub)
-            kinds = connection.MESSAGE_KINDS
             last_heard = idle_since = time.monotonic()
             pinged = False
             while True:
@@ -312,8 +311,9 @@ class Listener:
                     return
                 if reply is not None:
                     last_heard, pinged = now, False
-                    if isinstance(reply, list) and len(reply) == 3 and reply[0] in kinds:
-                        _dispatch(reply[2])
+                    data = connection.message_data(reply)
+                    if data is not None:
+                        _dispatch(data)
                     continue
                 silent = now - last_heard
                 if pinged and silent > HEALTH_INTERVAL + self.reply_timeout:
