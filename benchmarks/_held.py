@@ -35,7 +35,7 @@ def idle_cpu(seconds: float) -> float:
 
 def take(count: int, lease: float) -> dict[str, Any]:
     from django_redislock import Lock, stats
-    from django_redislock.keys import keyspace
+    from django_redislock.runtime import keyspace
 
     locks = [Lock(f"bench:wd:{i}", timeout=lease) for i in range(count)]
     began = time.perf_counter()

@@ -96,7 +96,7 @@ def main() -> None:
         from django.urls import reverse
 
         from django_redislock.connection import get_client
-        from django_redislock.keys import keyspace
+        from django_redislock.runtime import keyspace
 
         setup_test_environment()
         call_command("migrate", verbosity=0)

@@ -1,6 +1,5 @@
 """django-redislock: correct, fast, observable distributed locks on Redis for Django and Celery."""
 
-from django_redislock import redlock as _redlock  # noqa: F401 - plugs Redlock into the engine
 from django_redislock.aio import AsyncLock
 from django_redislock.decorators import distributed_lock
 from django_redislock.exceptions import (
@@ -9,6 +8,7 @@ from django_redislock.exceptions import (
     LockLostError,
     LockNotAcquiredError,
     LockNotOwnedError,
+    LockOutcomeUnknown,
 )
 from django_redislock.lock import Lock
 from django_redislock.operations import LockInfo, force_release, get_lock_info, list_locks
@@ -26,6 +26,7 @@ __all__ = [
     "LockLostError",
     "LockNotAcquiredError",
     "LockNotOwnedError",
+    "LockOutcomeUnknown",
     "Semaphore",
     "distributed_lock",
     "force_release",

@@ -156,7 +156,7 @@ def check_eviction_policy(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     if check_settings():
         return []
     from django_redislock.client import eviction_policy
-    from django_redislock.connection import get_client
+    from django_redislock.runtime import get_client
 
     messages: list[CheckMessage] = []
     raw = getattr(settings, "REDISLOCK", None) or {}

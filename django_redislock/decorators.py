@@ -16,11 +16,11 @@ from typing import Any, Literal, Protocol, TypeVar, cast
 from django_redislock import stats
 from django_redislock.aio import AsyncLock
 from django_redislock.conf import MIN_LEASE, check_seconds
-from django_redislock.engine import check_bool
 from django_redislock.exceptions import LockError, LockNotAcquiredError
 from django_redislock.lock import Lock
 from django_redislock.naming import KeySpec, compile_key
 from django_redislock.semaphore import AsyncSemaphore, Semaphore, check_permits
+from django_redislock.validation import check_bool
 
 __all__ = ["CallAdapter", "distributed_lock", "register_adapter"]
 

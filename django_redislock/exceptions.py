@@ -12,6 +12,7 @@ __all__ = [
     "LockLostError",
     "LockNotAcquiredError",
     "LockNotOwnedError",
+    "LockOutcomeUnknown",
 ]
 
 
@@ -48,3 +49,49 @@ class LockBackendError(LockError):
     Raised within the cache's configured socket timeouts; the original redis-py exception is
     available as ``__cause__``. The protected code never runs without the lock.
     """
+
+
+class LockOutcomeUnknown(LockBackendError):
+    """A call may or may not have acted in Redis: its reply was lost (a timeout or a dropped
+    connection after the command was sent), or it was cancelled or interrupted mid-call.
+
+    Nothing is guessed and nothing is resent. The package cancels exactly that attempt by its id
+    as soon as Redis answers again (in the background, and at the latest before this owner's
+    next call on the same lock goes out): a hold it may have taken is dropped and handed on, a
+    queue entry removed, an unfinished release finished. Until then, a hold it may have taken
+    ends by ``lease_ends_by`` at the latest (nobody renews it).
+
+    ``name``: the lock; ``action``: ``"acquire"``, ``"release"``, ``"renew"`` or ``"extend"``;
+    ``attempt``: the id the call carried; ``lease_ends_by``: epoch seconds (``time.time()``) by
+    which any hold the call may have taken or kept has expired, or ``None`` when an earlier hold
+    of the same owner keeps the lock held anyway (a re-entrant acquisition, a renewal).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str,
+        action: str,
+        attempt: str,
+        lease_ends_by: float | None,
+    ) -> None:
+        super().__init__(message)
+        self.name = name
+        self.action = action
+        self.attempt = attempt
+        self.lease_ends_by = lease_ends_by
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            _rebuild_unknown,
+            (str(self), self.name, self.action, self.attempt, self.lease_ends_by),
+        )
+
+
+def _rebuild_unknown(
+    message: str, name: str, action: str, attempt: str, lease_ends_by: float | None
+) -> LockOutcomeUnknown:
+    return LockOutcomeUnknown(
+        message, name=name, action=action, attempt=attempt, lease_ends_by=lease_ends_by
+    )

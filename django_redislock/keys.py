@@ -13,15 +13,12 @@ plain names (the usual case) appear in keys unchanged.
 from __future__ import annotations
 
 import re
-import threading
 from dataclasses import dataclass
 from typing import Any
 
-from django.core.signals import setting_changed
-
 from django_redislock.conf import get_settings
 
-__all__ = ["KeySpace", "escape_glob", "keyspace", "tag_of"]
+__all__ = ["KeySpace", "escape_glob", "namespace_of", "tag_of"]
 
 _GLOB_SPECIALS = "\\*?[]"
 _TAG_ESCAPES = {"%": "%25", "{": "%7B", "}": "%7D"}
@@ -86,6 +83,17 @@ class KeySpace:
     def semaphore_queue(self, name: str) -> str:
         return f"{self.namespace}:semq:{{{tag_of(name)}}}"
 
+    def waiters(self, name: str) -> str:
+        """Hash of a lock's queue entries (waiter id -> expiry, owner, lease, metadata)."""
+        return f"{self.namespace}:waiters:{{{tag_of(name)}}}"
+
+    def semaphore_waiters(self, name: str) -> str:
+        return f"{self.namespace}:semw:{{{tag_of(name)}}}"
+
+    def void(self, name: str, attempt: str) -> str:
+        """Marks an attempt cancelled for a while: its delayed request changes nothing."""
+        return f"{self.namespace}:void:{{{tag_of(name)}}}:{attempt}"
+
     @property
     def wake_channel_prefix(self) -> str:
         """Channels (not keys) a waiter's process listens on: this + its process token."""
@@ -143,10 +151,6 @@ class KeySpace:
         return name_of_tag(key[len(head) : -1])
 
 
-_keyspaces: dict[str, KeySpace] = {}
-_mutex = threading.Lock()
-
-
 def cache_key_prefix(alias: str) -> str:
     """The ``KEY_PREFIX`` of a ``CACHES`` entry ("" when unset)."""
     from django.conf import settings
@@ -156,33 +160,10 @@ def cache_key_prefix(alias: str) -> str:
     return str(config.get("KEY_PREFIX") or "")
 
 
-def keyspace(using: str | None = None) -> KeySpace:
-    """Keys for an alias: ``<cache KEY_PREFIX>:<REDISLOCK KEY_PREFIX>`` (or the latter alone).
-
-    Two sites sharing one Redis database with different cache prefixes never see each other's
-    locks.
-    """
-    from django_redislock.connection import get_client, is_cluster, resolve_alias
-
-    alias = resolve_alias(using)
-    space = _keyspaces.get(alias)
-    if space is None:
-        own = get_settings().key_prefix
-        site = cache_key_prefix(alias)
-        namespace = f"{site}:{own}" if site else own
-        try:
-            shared = not is_cluster(get_client(alias))
-        except Exception:  # not a usable Redis alias: names only (the first use will say why)
-            return KeySpace(namespace)
-        with _mutex:
-            space = _keyspaces[alias] = KeySpace(namespace, shared_fence=shared)
-    return space
-
-
-def _reset(*, setting: str, **kwargs: object) -> None:
-    if setting in ("REDISLOCK", "CACHES"):
-        with _mutex:
-            _keyspaces.clear()
-
-
-setting_changed.connect(_reset, dispatch_uid="django_redislock.keys.reset")
+def namespace_of(alias: str) -> str:
+    """The namespace of an alias: ``<cache KEY_PREFIX>:<REDISLOCK KEY_PREFIX>`` (or the latter
+    alone): two sites sharing one Redis database with different cache prefixes never see each
+    other's locks."""
+    own = get_settings().key_prefix
+    site = cache_key_prefix(alias)
+    return f"{site}:{own}" if site else own

@@ -32,9 +32,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from django_redislock import holds, signals
+from django_redislock import signals
 from django_redislock.exceptions import LockNotOwnedError
 from django_redislock.lock import Lock
+from django_redislock.runtime import runtime
 
 __all__ = ["LeaderLease"]
 
@@ -60,7 +61,7 @@ class LeaderLease:
             name,
             timeout=timeout,
             using=using,
-            owner=f"{holds.process_token()}-leader-{uuid.uuid4().hex[:8]}",
+            owner=f"{runtime.token}-leader-{uuid.uuid4().hex[:8]}",
             auto_renew=True,
             reentrant=True,
         )

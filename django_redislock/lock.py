@@ -1,18 +1,18 @@
-"""``Lock``: the blocking face of the lock engine (:mod:`django_redislock.engine`).
+"""``Lock``: a distributed, re-entrant, fenced mutex with blocking calls.
 
-Design in brief (the README has the long version):
+The blocking face (:class:`~django_redislock.face.SyncFace`) of the lock kind
+(:class:`~django_redislock.kinds.LockKind`). In brief (the docs' "How it works" has the rest):
 
-- A lock is one Redis string holding a JSON record (owner, hold count, fencing token, metadata)
-  with a lease (``PX``). Acquire, release, renew and force-release are single Lua scripts, so each
-  is atomic and costs one round trip.
+- A lock is one Redis string holding a JSON record (owner, holds, fencing token, metadata) with a
+  lease (``PX``). Acquire, release, renew and force-release are single Lua scripts, each atomic
+  and one round trip, each idempotent per attempt id.
 - Re-entrancy is per owner: by default the (process, thread) pair, so the same thread nests and
-  other threads or processes wait. Callers that need another identity (a Celery task published by
-  one process and run by another) pass ``owner=``.
+  other threads or processes wait. Callers that need another identity (a Celery task published
+  by one process and run by another) pass ``owner=``.
 - Waiters queue in Redis (FIFO) and sleep without holding a connection; a release hands the lock
-  to the oldest live waiter, whose process is woken through its single wake-up subscription
-  (:mod:`django_redislock.wakeups`). No polling, no thundering herd, no barging.
-- Holds of this process are tracked in :mod:`django_redislock.holds` and renewed by
-  :mod:`django_redislock.watchdog`.
+  to the oldest live waiter, whose process is woken through its one wake-up subscription.
+- Held locks are renewed by the process's watchdog; a call whose reply is lost is cleaned up by
+  its attempt id (:class:`~django_redislock.LockOutcomeUnknown`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from django_redislock import engine
-from django_redislock.exceptions import LockBackendError, LockError, LockNotOwnedError
-from django_redislock.holds import register_task_id_provider, thread_owner
+from django_redislock.exceptions import LockError
+from django_redislock.face import SyncFace
+from django_redislock.kinds import LockKind
+from django_redislock.runtime import register_task_id_provider, runtime
+from django_redislock.validation import check_bool
 
 __all__ = ["Lock", "default_owner", "register_task_id_provider"]
 
@@ -33,11 +35,11 @@ logger = logging.getLogger("django_redislock")
 
 def default_owner() -> str:
     """The owner id of the calling (process, thread) pair."""
-    return thread_owner()
+    return runtime.thread_owner()
 
 
-class Lock(engine.LockBase):
-    """A distributed, re-entrant, fenced lock on Redis. See ``API.md`` for the contract.
+class Lock(SyncFace):
+    """A distributed, re-entrant, fenced lock on Redis.
 
     ``Lock(name, *, timeout=None, blocking=True, blocking_timeout=None, auto_renew=None,
     reentrant=True, using=None, owner=None, task_id=None, queued=False, stats_name=None,
@@ -48,66 +50,61 @@ class Lock(engine.LockBase):
     has not committed yet.
     """
 
-    def acquire(self, blocking: bool | None = None, blocking_timeout: float | None = None) -> bool:
-        """Take the lock; ``False`` when not acquired in time. One deadline covers every wait."""
-        attempt = self._begin(blocking, blocking_timeout)  # None: independent masters' flow
-        work = attempt or self._acquire_flow(blocking, blocking_timeout)
-        return bool(engine.drive(self, work))
+    def __init__(
+        self,
+        name: str,
+        *,
+        timeout: float | None = None,
+        blocking: bool = True,
+        blocking_timeout: float | None = None,
+        auto_renew: bool | None = None,
+        reentrant: bool = True,
+        using: str | None = None,
+        owner: str | None = None,
+        task_id: str | None = None,
+        queued: bool = False,
+        stats_name: str | None = None,
+        on_commit: bool | str = False,
+        quiet: bool = False,
+        report_busy: bool = True,
+    ) -> None:
+        super().__init__(
+            name,
+            kind=LockKind(reentrant=bool(check_bool(reentrant, "reentrant"))),
+            timeout=timeout,
+            blocking=blocking,
+            blocking_timeout=blocking_timeout,
+            auto_renew=auto_renew,
+            using=using,
+            owner=owner,
+            task_id=task_id,
+            queued=queued,
+            stats_name=stats_name,
+            on_commit=on_commit,
+            quiet=quiet,
+            report_busy=report_busy,
+        )
 
     def release(self, *, all_holds: bool = False) -> None:
         """Drop one hold (every hold with ``all_holds``); the last one frees the lock.
 
-        Raises :class:`LockNotOwnedError` (and changes nothing in Redis) when this owner does not
-        hold the lock — never held, already released, expired, or force-released. With
-        ``on_commit``, inside a transaction the release happens when it ends.
+        Raises :class:`~django_redislock.LockNotOwnedError` (and changes nothing in Redis) when
+        this owner does not hold the lock — never held, already released, expired, or
+        force-released. With ``on_commit``, inside a transaction the release happens when it
+        ends.
         """
-        owner = self._owner or self._default_owner()
+        owner = self.owner
         if self.on_commit and self._defer(lambda: self._release_now(all_holds, owner)):
             return
         self._release_now(all_holds, owner)
 
-    def _release_now(self, all_holds: bool, owner: str) -> None:
-        call, hold = self._release_call(all_holds, owner)
-        self._released(hold, int(self._io(call).sync(self)), owner)
-
-    def renew(self) -> None:
-        """Reset the lease to ``timeout``; :class:`LockNotOwnedError` if no longer held."""
-        self._renewed(int(self._io(self._renew_call(self._spec().lease_ms, "set")).sync(self)))
-
-    def extend(self, additional_time: float) -> None:
-        """Add ``additional_time`` seconds to the remaining lease (as redis-py's ``extend``).
-
-        Owner-checked like :meth:`renew`, which instead resets the lease to ``timeout``.
-        """
-        ms = self._extend_ms(additional_time)
-        self._renewed(int(self._io(self._renew_call(ms, "add")).sync(self)))
-
-    def locked(self) -> bool:
-        """Held by anyone (one round trip)."""
-        return self._locked_from(self._locked_op().sync(self))
-
-    def owned(self) -> bool:
-        """Held by this owner; :class:`LockError` if the stored value is not a lock record."""
-        return self._owned_from(self._owned_op().sync(self))
-
-    def detach(self) -> tuple[int, int | None]:
-        """Forget this process's record of the hold, leaving the lock in Redis untouched.
-
-        For hand-overs: a lock taken here on behalf of another process (a Celery task published
-        here and run by a worker, with ``owner=`` the task id) must not be renewed by this
-        process's watchdog nor kept in its table of holds. Returns ``(hold_count, fencing_token)``
-        as this process knew them (``0`` when it knew of no hold).
-        """
-        return self._detach()
-
-    # -- transactions -------------------------------------------------------------------------
     def _defer(self, release: Callable[[], None]) -> bool:
         """Run ``release`` when the current transaction of ``on_commit``'s database ends.
 
         Django has hooks for commit only. The callback is registered with ``on_commit`` and is
         referenced by nothing else, so when Django discards it on a rollback it is garbage
-        collected and its ``weakref.finalize`` releases the lock; on commit Django calls it and it
-        runs the same finalizer (which runs once). Returns False outside a transaction.
+        collected and its ``weakref.finalize`` releases the lock; on commit Django calls it and
+        it runs the same finalizer (which runs once). Returns False outside a transaction.
         """
         from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
@@ -129,18 +126,9 @@ class Lock(engine.LockBase):
         transaction.on_commit(callback, using=alias)
         return True
 
-    # -- context manager -----------------------------------------------------------------------
     def __enter__(self) -> Lock:
-        if not self.acquire():
-            raise self._not_acquired()
+        super().__enter__()
         return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        if self._release_on_exit(exc_info[1]):
-            try:
-                self.release()
-            except (LockNotOwnedError, LockBackendError) as err:
-                self._release_failed_on_exit(exc_info[1], err)
 
 
 class _AtTransactionEnd:

@@ -22,8 +22,11 @@ from redis import exceptions as redis_errors
 from django_redislock import client as redis_client
 from django_redislock import connection, scripts, signals, stats
 from django_redislock.exceptions import LockBackendError
-from django_redislock.keys import KeySpace, keyspace
+from django_redislock.keys import KeySpace
 from django_redislock.records import LockRecord, parse_record
+from django_redislock.runtime import get_client, keyspace, runtime
+from django_redislock.targets import CLAIM_WINDOW, Target
+from django_redislock.transport import backend_errors
 
 __all__ = [
     "SORTS",
@@ -164,9 +167,9 @@ def lock_page(
     Two round trips whatever the page size (SCAN, then one pipeline of GET+PTTL). SCAN may
     return a key twice across steps; :func:`page_locks` and :func:`list_locks` dedupe.
     """
-    client = connection.get_client(using)
+    client = get_client(using)
     keys = keyspace(using)
-    with connection.backend_errors("list locks"):
+    with backend_errors("list locks"):
         next_cursor, found = redis_client.scan_keys(
             client, keys.holder_pattern(match), cursor=cursor, count=count
         )
@@ -208,9 +211,9 @@ def get_lock_info(name: str, *, using: str | None = None) -> LockInfo | None:
 def lock_holders(name: str, *, using: str | None = None) -> list[LockInfo]:
     """Every holder of ``name``: one entry for a lock, one per held permit of a semaphore
     (oldest permit first)."""
-    client = connection.get_client(using)
+    client = get_client(using)
     keys = keyspace(using)
-    with connection.backend_errors(f"inspect lock {name!r}"):
+    with backend_errors(f"inspect lock {name!r}"):
         infos = _read_holders(client, keys, [keys.lock(name), keys.semaphore(name)])
     return sorted(infos, key=lambda info: (info.kind != "lock", info.fencing_token))
 
@@ -356,51 +359,73 @@ def force_release_info(
     With ``token``, only a holder whose current fencing token equals it is released, so a lock
     that changed hands since an operator looked at it is left alone (``token=0`` matches an
     unreadable value). Returns the released holders as the release script saw them — one for a
-    lock, empty when nothing was released — so a report of "who held it" can never describe a
-    holder other than the one released. Their ``expires_in`` is 0: they are gone.
+    lock, one per permit of a semaphore, empty when nothing was released — so a report of "who
+    held it" can never describe a holder other than the one released. Their ``expires_in`` is 0.
+
+    Without ``token`` the current holders are read first and released by their tokens: a resent
+    call (redis-py retries a call whose reply was lost) can then never release a holder that
+    came after them.
     """
     if not isinstance(name, str) or not name:
         raise ValueError("name must be a non-empty string")
     if token is not None and (isinstance(token, bool) or not isinstance(token, int)):
         raise TypeError(f"token must be an int or None, not {type(token).__name__}")
-    from django_redislock.engine import CLAIM_WINDOW, target_for
-
-    target = target_for(using)
-    keys = target.keys
-    common = [target.channel_prefix, target.trust_publish, int(CLAIM_WINDOW * 1000)]
-    expected = "" if token is None else str(token)
-    with connection.backend_errors(f"force-release lock {name!r}"):
-        reply = scripts.FORCE_RELEASE(
-            target.client,
-            [keys.lock(name), keys.fence(name), keys.queue(name)],
-            [expected, *common],
-        )
-        released_infos: list[LockInfo] = []
-        if int(reply[0]):
-            released_infos.append(_info(keys, parse_record(keys.lock(name), reply[2], 0)))
-        else:
-            # Not a lock (or not under that token): perhaps permits of a semaphore.
-            sem_reply = scripts.SEM_FORCE_RELEASE(
-                target.client,
-                [
-                    keys.semaphore(name),
-                    keys.semaphore_records(name),
-                    keys.fence(name),
-                    keys.semaphore_queue(name),
-                ],
-                [expected, *common],
-            )
-            for i in range(int(sem_reply[0])):
-                record = parse_record(keys.semaphore(name), sem_reply[2 + 2 * i], 0)
-                released_infos.append(_info(keys, record))
-    current = int(reply[1]) or (released_infos[0].fencing_token if released_infos else 0)
-    if released_infos:
+    target = runtime.target(using)
+    released: list[LockInfo] = []
+    with backend_errors(f"force-release lock {name!r}"):
+        for member in target.members or (target,):
+            tokens = [token] if token is not None else _holder_tokens(member, name)
+            for expected in tokens:
+                released += _force_one(member, name, expected)
+    current = token or (released[0].fencing_token if released else 0)
+    if released:
         stats.record(using, name, "force_released")
     if signals.lock_force_released.receivers:
         signals.lock_force_released.send_robust(
-            None, name=name, token=current or None, using=using, released=bool(released_infos)
+            None, name=name, token=current or None, using=using, released=bool(released)
         )
-    return released_infos
+    return _unique(released)
+
+
+def _holder_tokens(target: Target, name: str) -> list[int]:
+    keys = target.keys
+    infos = _read_holders(target.client, keys, [keys.lock(name), keys.semaphore(name)])
+    return [info.fencing_token for info in infos]
+
+
+def _force_one(target: Target, name: str, token: int) -> list[LockInfo]:
+    """Release the lock ``name`` (else the semaphore permit) of ``token``, on one deployment."""
+    keys = target.keys
+    run = target.transport.run
+    wake = target.wake_args(CLAIM_WINDOW)
+    action = f"force-release lock {name!r}"
+    lock_keys = [keys.lock(name), keys.fence(name), keys.queue(name), keys.waiters(name)]
+    reply = run(scripts.FORCE_RELEASE, lock_keys, [str(token), *wake], action)
+    if int(reply[0]):
+        return [_info(keys, parse_record(keys.lock(name), reply[2], 0))]
+    sem_keys = [
+        keys.semaphore(name),
+        keys.semaphore_records(name),
+        keys.fence(name),
+        keys.semaphore_queue(name),
+        keys.semaphore_waiters(name),
+    ]
+    sem_reply = run(scripts.SEM_FORCE_RELEASE, sem_keys, [str(token), *wake], action)
+    return [
+        _info(keys, parse_record(keys.semaphore(name), sem_reply[2 + 2 * i], 0))
+        for i in range(int(sem_reply[0]))
+    ]
+
+
+def _unique(infos: list[LockInfo]) -> list[LockInfo]:
+    """One entry per holder (independent masters each report the same one)."""
+    seen: set[tuple[str, int]] = set()
+    found = []
+    for info in infos:
+        if _identity(info) not in seen:
+            seen.add(_identity(info))
+            found.append(info)
+    return found
 
 
 def force_release(name: str, *, token: int | None = None, using: str | None = None) -> bool:

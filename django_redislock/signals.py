@@ -13,6 +13,10 @@ locking code (they are sent with ``send_robust``).
   longer held by its owner (expired or force-released). ``lock`` may be ``None`` when the ``Lock``
   object was already garbage-collected.
 - ``lock_force_released(sender=None, name, token, using, released)``: ``force_release`` ran.
+- ``lock_outcome_resolved(sender=Lock, name, attempt, action, outcome)``: a call whose outcome
+  was unknown (:class:`~django_redislock.LockOutcomeUnknown`) was settled by the package:
+  ``outcome`` is ``"undone"`` (the attempt had taken a hold or a queue place; it is gone now) or
+  ``"absent"`` (it had left nothing). Usually sent from the watchdog thread.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ __all__ = [
     "lock_acquired",
     "lock_force_released",
     "lock_lost",
+    "lock_outcome_resolved",
     "lock_released",
 ]
 
@@ -32,3 +37,4 @@ lock_acquire_failed = Signal()
 lock_released = Signal()
 lock_lost = Signal()
 lock_force_released = Signal()
+lock_outcome_resolved = Signal()

@@ -56,8 +56,6 @@ from django.dispatch import Signal
 from django_redislock import client as redis_client
 from django_redislock import stats
 from django_redislock.conf import MIN_LEASE, check_seconds, get_settings
-from django_redislock.connection import backend_errors
-from django_redislock.engine import check_name, target_for
 from django_redislock.exceptions import (
     LockBackendError,
     LockNotAcquiredError,
@@ -66,7 +64,10 @@ from django_redislock.exceptions import (
 from django_redislock.lock import Lock
 from django_redislock.naming import stats_shape
 from django_redislock.operations import force_release, get_lock_info, lock_holders
+from django_redislock.runtime import runtime
 from django_redislock.semaphore import Semaphore, check_permits
+from django_redislock.transport import backend_errors
+from django_redislock.validation import check_name
 
 __all__ = [
     "COALESCE",
@@ -392,7 +393,7 @@ def _lock_holder(rules: FlightRules, name: str) -> _Holder | None:
 
     A value that is not a lock record is a holder that is not a task.
     """
-    target = target_for(rules.using)
+    target = runtime.target(rules.using)
     with backend_errors(f"inspect lock {name!r}"):
         record = redis_client.read_lock(target.client, target.keys.lock(name))
     if record is None:
@@ -403,9 +404,12 @@ def _lock_holder(rules: FlightRules, name: str) -> _Holder | None:
     return _Holder(record.owner, task_id if isinstance(task_id, str) else None)
 
 
-def _release_quietly(lock: Lock, *, all_holds: bool = False) -> bool:
+def _release_quietly(lock: Lock | Semaphore, *, all_holds: bool = False) -> bool:
     try:
-        lock.release(all_holds=all_holds)
+        if isinstance(lock, Lock):
+            lock.release(all_holds=all_holds)
+        else:
+            lock.release()
     except LockNotOwnedError:
         return False
     return True
@@ -438,7 +442,7 @@ class Flight:
     flight_id: str
     attempt: int
     #: The lock held while the body runs (``None`` in modes that hold nothing then).
-    run_lock: Lock | None = None
+    run_lock: Lock | Semaphore | None = None
     #: The holds went to a message published from the body (retry / same-key replace): the end
     #: of this attempt must not release them.
     handed_over: bool = False
@@ -449,7 +453,7 @@ class Flight:
         return bool(self.run_lock is not None and not self.handed_over and self.run_lock.lost)
 
 
-def _run_lock(rules: FlightRules, name: str, owner: str, flight_id: str) -> Lock:
+def _run_lock(rules: FlightRules, name: str, owner: str, flight_id: str) -> Lock | Semaphore:
     # A busy run is skipped or rescheduled (task_skipped / task_rescheduled), not a failed
     # acquisition.
     if rules.permits > 1:
@@ -571,7 +575,7 @@ def begin(
     return flight
 
 
-def _take_run_lock(rules: FlightRules, key: str, flight_id: str, attempt: int) -> Lock:
+def _take_run_lock(rules: FlightRules, key: str, flight_id: str, attempt: int) -> Lock | Semaphore:
     lock = _run_lock(rules, key, run_owner(flight_id, attempt), flight_id)
     acquired = lock.acquire(blocking=False)
     if not acquired and attempt > 0:
@@ -586,7 +590,9 @@ def _take_run_lock(rules: FlightRules, key: str, flight_id: str, attempt: int) -
     return lock
 
 
-def _take_run_slot(rules: FlightRules, key: str, flight_id: str, attempt: int, queue: Lock) -> Lock:
+def _take_run_slot(
+    rules: FlightRules, key: str, flight_id: str, attempt: int, queue: Lock
+) -> Lock | Semaphore:
     """The coalesce run slot: at once, or after the running flight ends (waiting holds the
     follow-up slot, renewed, so publishes meanwhile still return this follow-up)."""
     name = run_key(key)

@@ -444,8 +444,7 @@ def _flush(*, final: bool) -> None:
 
 def _write(alias: str | None, tallies: dict[str, _Tally]) -> None:
     from django_redislock.client import StatsUpdate, write_stats
-    from django_redislock.connection import get_client
-    from django_redislock.keys import keyspace
+    from django_redislock.runtime import get_client, keyspace
 
     space = keyspace(alias)
     updates = []
@@ -619,8 +618,8 @@ def _parse(
 
 def _read(alias: str | None, names: list[str], *, series: bool = False) -> list[LockStats]:
     from django_redislock.client import read_stats
-    from django_redislock.connection import backend_errors, get_client
-    from django_redislock.keys import keyspace
+    from django_redislock.runtime import get_client, keyspace
+    from django_redislock.transport import backend_errors
 
     if not names:
         return []
@@ -671,8 +670,9 @@ def iter_stats(
 ) -> Iterator[LockStats]:
     """Figures of every stats name of the namespace (SCAN, never ``KEYS``), in no fixed order."""
     from django_redislock.client import scan_keys
-    from django_redislock.connection import backend_errors, get_client
-    from django_redislock.keys import escape_glob, keyspace
+    from django_redislock.keys import escape_glob
+    from django_redislock.runtime import get_client, keyspace
+    from django_redislock.transport import backend_errors
 
     space = keyspace(using)
     head = space.stats("")

@@ -1,167 +1,289 @@
-"""One renewal thread per process for every held lock, of every face.
+"""One background thread per process: it renews held locks, and settles calls whose outcome
+was unknown.
 
-A held lock with ``auto_renew`` is registered here after it is acquired and unregistered *before*
-it is released, so the watchdog never renews a lock after release or after an interrupted acquire.
-Renewals that fall due close together are sent as one pipeline per Redis client (one round trip
-for hundreds of locks). Async locks are renewed here too, with the sync client of the same
-server, so a held lock stays renewed while its event loop is busy with CPU-bound work.
+**Renewal.** A held lock with ``auto_renew`` is registered after it is acquired and unregistered
+*before* it is released, so the watchdog never renews a lock after release. Renewals falling due
+close together go out together: on one standalone Redis as one ``renew_many`` script per few
+hundred locks; elsewhere one script per lock. Async locks are renewed here too, with the sync
+client of the same server, so a held lock stays renewed while its event loop is busy. A renewal
+that finds the lock gone marks the hold lost; one that fails because Redis is unreachable is
+retried within :data:`RETRY_AFTER` seconds (the lock is lost only when Redis says so).
 
-A renewal that finds the lock gone marks the hold lost (:func:`django_redislock.holds.mark_lost`:
-``lost`` flag, WARNING, ``lock_lost``). A renewal that fails because Redis is unreachable is
-retried within :data:`RETRY_AFTER` seconds; the lock is declared lost only when Redis says so.
+**Settling.** A call whose reply never came (:class:`~django_redislock.LockOutcomeUnknown`) may
+have taken a hold, queued a waiter or not finished a release. Its clean-up — cancel that
+attempt by its id, idempotent — is handed to :meth:`Watchdog.settle`, which runs it at once and
+retries it until Redis answers; the owner's next call on the same lock runs it first itself
+(:meth:`Watchdog.pending`). Each settled one sends ``lock_outcome_resolved``.
 
-The thread starts lazily on the first registration and is recreated in a forked child (Celery
-prefork, gunicorn), where the parent's holds are not the child's and are forgotten.
+The thread starts lazily and is recreated in a forked child, whose holds are not its parent's.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
-from redis import exceptions as redis_errors
+from django_redislock import scripts, signals
+from django_redislock.exceptions import LockBackendError
+from django_redislock.holds import Hold, HoldTable
 
-from django_redislock import connection, holds, scripts
-from django_redislock.holds import Hold
-
-__all__ = ["RETRY_AFTER", "Watchdog", "watchdog"]
+__all__ = ["RETRY_AFTER", "Resolution", "Watchdog"]
 
 logger = logging.getLogger("django_redislock")
 
-#: A renewal retried after a connection error waits this long (capped by a third of the lease).
+#: A renewal or a clean-up retried after a connection error waits this long (a renewal at most
+#: a third of its lease).
 RETRY_AFTER = 1.0
+#: Seconds the exit handler spends settling what is still unknown.
+EXIT_BUDGET = 2.0
+#: Locks per ``renew_many`` call: a script blocks Redis while it runs (~0.3 µs per lock).
+RENEW_BATCH = 500
+
+
+@dataclass(eq=False, kw_only=True)
+class Resolution:
+    """The clean-up of one attempt whose outcome is unknown: cancel it by its id."""
+
+    target: Any
+    kind: Any
+    name: str
+    owner: str
+    attempt: str
+    action: str  # what the unknown call was doing: "acquire", "release"
+    #: (target alias, holder key, owner): the owner's next call on that lock settles it first.
+    ident: tuple[str, str, str]
+    #: Milliseconds the attempt stays void (its delayed request changes nothing); 0 for a release.
+    void_ms: int = 0
+    sender: Any = None
+    next_try: float = field(default_factory=time.monotonic)
+
+    def call(self) -> tuple[Any, list[str], list[Any]]:
+        return self.kind.cancel_call(  # type: ignore[no-any-return]
+            self.target, self.name, self.owner, self.attempt, take=False, void_ms=self.void_ms
+        )
+
+    def run(self) -> None:
+        """Run the clean-up (raises :class:`LockBackendError` while Redis does not answer)."""
+        script, keys, args = self.call()
+        reply = self.target.transport.run(
+            script, keys, args, f"clean up an unfinished {self.action} of {self.name!r}"
+        )
+        self.done(reply)
+
+    async def arun(self) -> None:
+        script, keys, args = self.call()
+        reply = await self.target.transport.arun(
+            script, keys, args, f"clean up an unfinished {self.action} of {self.name!r}"
+        )
+        self.done(reply)
+
+    def done(self, reply: Any) -> None:
+        outcome = self.kind.read_cancel(reply)
+        self.target.wake_local(outcome.handed_here)
+        result = "undone" if outcome.dropped else "absent"
+        logger.info(
+            "django_redislock: settled the unfinished %s of %r (attempt %s): %s",
+            self.action,
+            self.name,
+            self.attempt,
+            result,
+        )
+        if signals.lock_outcome_resolved.receivers:
+            signals.lock_outcome_resolved.send_robust(
+                self.sender,
+                name=self.name,
+                attempt=self.attempt,
+                action=self.action,
+                outcome=result,
+            )
 
 
 class Watchdog:
-    def __init__(self) -> None:
+    def __init__(self, holds: HoldTable) -> None:
+        self.holds = holds
         self._cond = threading.Condition(threading.Lock())
         self._holds: set[Hold] = set()
+        self._pending: dict[tuple[str, str, str], list[Resolution]] = {}
         self._thread: threading.Thread | None = None
         self._wake_at = float("inf")
-        self._idle_wait = 10.0  # shortest renewal interval seen, see _due()
+        holds.on_drop.append(self.unregister)
 
+    # -- renewals ------------------------------------------------------------------------------
     def register(self, hold: Hold) -> None:
-        """Start renewing ``hold`` (a third of its lease from now, then every third).
-
-        On every acquisition, so it takes no lock unless it must: the set update is atomic, and
-        the thread is only notified when this hold falls due before its planned wake-up
-        (``_due`` marks a scan in progress with an infinite wake-up, so a hold added during a
-        scan the thread may have missed always notifies).
-        """
-        interval = hold.lease / 3
-        hold.next_renewal = time.monotonic() + interval
+        """Start renewing ``hold`` (a third of its lease from now, then every third)."""
+        hold.next_renewal = time.monotonic() + hold.lease / 3
         hold.registered = True
-        if interval < self._idle_wait:
-            self._idle_wait = max(0.5, interval)
-        self._holds.add(hold)
-        if self._thread is None:
-            with self._cond:
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(
-                        target=self._run, name="django-redislock-watchdog", daemon=True
-                    )
-                    self._thread.start()
-        elif hold.next_renewal < self._wake_at:
-            with self._cond:
+        with self._cond:
+            self._holds.add(hold)
+            self._start()
+            if hold.next_renewal < self._wake_at:
                 self._cond.notify()
 
     def unregister(self, hold: Hold) -> None:
         hold.registered = False
-        self._holds.discard(hold)
+        with self._cond:
+            self._holds.discard(hold)
 
     def __len__(self) -> int:
         return len(self._holds)
 
-    def _due(self) -> list[Hold]:
-        """Wait until some renewal is due; return every hold due now or soon (batched)."""
+    # -- unknown outcomes ----------------------------------------------------------------------
+    def settle(self, resolution: Resolution) -> None:
+        """Clean up an attempt whose outcome is unknown, now and until Redis answers."""
+        with self._cond:
+            self._pending.setdefault(resolution.ident, []).append(resolution)
+            self._start()
+            self._cond.notify()
+
+    def pending(self, ident: tuple[str, str, str]) -> list[Resolution]:
+        """The unsettled clean-ups of one (lock, owner): its next call runs them first."""
+        if not self._pending:
+            return []
+        with self._cond:
+            return list(self._pending.get(ident, ()))
+
+    def settled(self, resolution: Resolution) -> None:
+        with self._cond:
+            found = self._pending.get(resolution.ident)
+            if found is not None and resolution in found:
+                found.remove(resolution)
+                if not found:
+                    del self._pending[resolution.ident]
+
+    def forget_pending(self, where: Any = None) -> None:
+        """Drop pending clean-ups (those ``where`` accepts) without running them: for test
+        suites that flush Redis between tests."""
+        with self._cond:
+            for ident in list(self._pending):
+                kept = [r for r in self._pending[ident] if where is not None and not where(r)]
+                if kept:
+                    self._pending[ident] = kept
+                else:
+                    del self._pending[ident]
+
+    def unsettled(self) -> list[Resolution]:
+        with self._cond:
+            return [r for group in self._pending.values() for r in group]
+
+    def settle_now(self, budget: float = EXIT_BUDGET) -> None:
+        """Try every pending clean-up once, within ``budget`` seconds (at exit)."""
+        give_up = time.monotonic() + budget
+        for resolution in self.unsettled():
+            if time.monotonic() > give_up:
+                return
+            self._try(resolution)
+
+    def _try(self, resolution: Resolution) -> None:
+        try:
+            resolution.run()
+        except LockBackendError as exc:
+            resolution.next_try = time.monotonic() + RETRY_AFTER
+            logger.debug("django_redislock: clean-up of %r not done yet: %s", resolution.name, exc)
+        except Exception:
+            resolution.next_try = time.monotonic() + RETRY_AFTER
+            logger.exception("django_redislock: clean-up of %r failed", resolution.name)
+        else:
+            self.settled(resolution)
+
+    # -- the thread ----------------------------------------------------------------------------
+    def _start(self) -> None:
+        """Start the thread if needed (called with the condition held)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._run, name="django-redislock-watchdog", daemon=True
+            )
+            self._thread.start()
+
+    def _due(self) -> tuple[list[Hold], list[Resolution]]:
+        """Wait until something is due; return the holds due now or soon (batched) and the
+        clean-ups due now."""
         with self._cond:
             while True:
-                self._wake_at = float("inf")  # scanning: see register()
+                self._wake_at = float("inf")
                 now = time.monotonic()
-                held = tuple(self._holds)  # one atomic copy; registrations go on meanwhile
-                if held:
-                    first = min(h.next_renewal for h in held)
-                    if first <= now:
-                        # Renew early whatever falls due within the next sixth of its lease, so
-                        # renewals of many locks coalesce into few round trips.
-                        return [h for h in held if h.next_renewal - h.lease / 6 <= now]
-                    self._wake_at = first
-                    self._cond.wait(first - now)
-                else:
-                    # Idle: plan a wake-up no later than any new hold's first renewal, so that
-                    # register() need not notify (a lock taken and released in a loop would
-                    # otherwise wake this thread, and take the GIL, on every acquisition).
-                    self._wake_at = now + self._idle_wait
-                    self._cond.wait(self._idle_wait)
+                held = tuple(self._holds)
+                resolutions = [r for group in self._pending.values() for r in group]
+                first = min((h.next_renewal for h in held), default=float("inf"))
+                first = min([first, *(r.next_try for r in resolutions)])
+                if first <= now:
+                    # Renew early whatever falls due within the next sixth of its lease, so
+                    # renewals of many locks coalesce into few round trips.
+                    return (
+                        [h for h in held if h.next_renewal - h.lease / 6 <= now],
+                        [r for r in resolutions if r.next_try <= now],
+                    )
+                self._wake_at = first
+                self._cond.wait(min(first - now, 60.0))
 
     def _run(self) -> None:
         while True:
             try:
-                self.renew_now(self._due())
+                due, resolutions = self._due()
+                for resolution in resolutions:
+                    self._try(resolution)
+                self.renew_now(due)
             except Exception:  # never let the thread die: held locks depend on it
                 logger.exception("django_redislock watchdog: unexpected error")
                 time.sleep(RETRY_AFTER)
 
     def renew_now(self, due: list[Hold]) -> None:
-        """Renew ``due`` with one pipeline per connection and script; mark the ones found gone
-        as lost (locks and semaphore permits renew with different scripts).
-
-        On a Redis Cluster a pipeline goes to the node of each key (cluster pipelines refuse
-        scripts); a renewal that meets a redirect or a failed node is retried at once as a
-        single call through the cluster client, which follows ``MOVED``/``ASK`` and failovers.
-        """
-        by_client: dict[tuple[int, str], tuple[Any, list[Hold]]] = {}
-        cluster: dict[int, bool] = {}  # is_cluster() per client, asked once per round
+        """Renew ``due``; mark the ones found gone as lost."""
+        batches: dict[int, tuple[Any, list[Hold]]] = {}
+        singles: list[Hold] = []
         for hold in due:
-            renew = hold.renew
-            client = renew[0]
-            per_node = cluster.get(id(client))
-            if per_node is None:
-                per_node = cluster[id(client)] = connection.is_cluster(client)
-            if per_node or hold.replicas[0]:
-                client = scripts.node_client(client, renew[2][0])
-            by_client.setdefault((id(client), renew[1].sha), (client, []))[1].append(hold)
-        for client, group in by_client.values():
-            results: list[Any]
-            try:
-                if _batchable(group):
-                    # One script per few hundred locks (RENEW_MANY) instead of one per lock.
-                    results = scripts.renew_many(
-                        client, [(h.renew[2][0], h.renew[3][0], h.renew[3][1]) for h in group]
-                    )
-                else:
-                    calls = [(h.renew[2], h.renew[3]) for h in group]
-                    results = scripts.run_pipeline(
-                        client, group[0].renew[1], calls, wait_replicas=group[0].replicas
-                    )
-            except redis_errors.RedisError as exc:
-                results = [exc] * len(group)
-            now = time.monotonic()
-            for hold, result in zip(group, results, strict=True):
-                if result == 1:  # renewed: the common case, settled inline
-                    hold.next_renewal = now + hold.lease / 3
-                    continue
-                if isinstance(result, Exception) and connection.is_cluster(hold.client):
-                    result = self._renew_alone(hold)
-                self._settle(hold, result)
+            if hold.target.batch_renewals and hold.kind.batch_renewals:
+                batches.setdefault(id(hold.target), (hold.target, []))[1].append(hold)
+            else:
+                singles.append(hold)
+        for target, group in batches.values():
+            self._renew_batch(target, group)
+        for hold in singles:
+            self._settle(hold, self._renew_one(hold))
+
+    def _renew_batch(self, target: Any, group: list[Hold]) -> None:
+        """Lock leases on one standalone Redis: one ``renew_many`` script per lease and batch."""
+        by_lease: dict[int, list[Hold]] = {}
+        for hold in group:
+            by_lease.setdefault(int(hold.lease * 1000), []).append(hold)
+        chunks = [
+            (ms, holds[i : i + RENEW_BATCH])
+            for ms, holds in by_lease.items()
+            for i in range(0, len(holds), RENEW_BATCH)
+        ]
+        calls = [
+            ([h.target.keys.lock(h.name) for h in chunk], [ms, *[h.owner for h in chunk]])
+            for ms, chunk in chunks
+        ]
+        try:
+            replies: list[Any] = target.transport.run_many(scripts.RENEW_MANY, calls)
+        except Exception as exc:  # the whole pipeline failed: unknown, retry soon
+            replies = [exc] * len(chunks)
+        for (_, chunk), reply in zip(chunks, replies, strict=True):
+            for index, hold in enumerate(chunk):
+                self._settle(hold, reply if isinstance(reply, Exception) else reply[index])
 
     @staticmethod
-    def _renew_alone(hold: Hold) -> Any:
-        client, script, keys, args = hold.renew
+    def _renew_one(hold: Hold) -> Any:
+        script, keys, args = hold.renewal(int(hold.lease * 1000))
+        target = hold.target
+        action = f"renew {hold.kind.name} {hold.name!r}"
         try:
-            if hold.replicas[0]:
-                reply, acked = scripts.call_and_wait(script, client, keys, args, *hold.replicas)
-                if acked < hold.replicas[0]:
-                    return redis_errors.ResponseError("not acknowledged by enough replicas")
+            if target.replicas:
+                reply, acked = target.transport.run_waited(
+                    script, keys, args, target.replicas, target.replicas_timeout_ms, action
+                )
+                if acked < target.replicas:
+                    return LockBackendError("not acknowledged by enough replicas")
                 return reply
-            return script(client, keys, args)
-        except redis_errors.RedisError as exc:
+            return target.transport.run(script, keys, args, action)
+        except LockBackendError as exc:
             return exc
 
-    @staticmethod
-    def _settle(hold: Hold, result: Any) -> None:
+    def _settle(self, hold: Hold, result: Any) -> None:
         now = time.monotonic()
         if isinstance(result, Exception):
             # Unknown outcome: keep the hold and try again soon, before the lease runs out.
@@ -170,31 +292,22 @@ class Watchdog:
         elif int(result) == 1:
             hold.next_renewal = now + hold.lease / 3
         elif hold.registered:
-            holds.mark_lost(hold)
+            self.holds.mark_lost(hold)
 
-    def _after_fork(self) -> None:
+    def clear(self) -> None:
+        """A forked child: nothing of the parent's is ours; the thread is not running here."""
         self._cond = threading.Condition(threading.Lock())
         self._holds = set()
+        self._pending = {}
         self._thread = None
         self._wake_at = float("inf")
 
 
-def _batchable(group: list[Hold]) -> bool:
-    """Lock leases reset on one standalone Redis without replica acknowledgement: RENEW_MANY.
-
-    Semaphore permits (another script), a Cluster (one slot per script), ``REPLICAS``
-    (acknowledged per renewal) and Redlock's renewer (a majority per renewal) keep one script
-    call per hold.
-    """
-    first = group[0]  # a group shares its client and script; a hold's renewal always resets
-    return (  # the lease (mode "set": see LockBase._acquired), which RENEW_MANY does
-        first.renew[1] is scripts.RENEW
-        and getattr(first.client, "batch_renewals", True)
-        and not first.replicas[0]
-        and not connection.is_cluster(first.client)
-    )
+def _at_exit(watchdog: Watchdog) -> None:
+    if watchdog._pending:
+        watchdog.settle_now()
 
 
-watchdog = Watchdog()
-holds.on_fork(watchdog._after_fork)
-holds.on_drop(watchdog.unregister)
+def install_exit_handler(watchdog: Watchdog) -> None:
+    """Settle what is still unknown when the interpreter exits (the thread is a daemon)."""
+    atexit.register(_at_exit, watchdog)

@@ -98,9 +98,10 @@ def _forget_holds() -> Iterator[None]:
     lost (and send ``lock_lost``) in the middle of an unrelated test.
     """
     yield
-    from django_redislock import holds
+    from django_redislock.runtime import runtime
 
-    holds.forget_all()
+    runtime.holds.forget_all()
+    runtime.watchdog.forget_pending()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -20,7 +20,7 @@ from django.urls import reverse
 
 from django_redislock import Lock, LockNotOwnedError, get_lock_info, stats
 from django_redislock.admin import LockAdmin, name_glob, parse_selection
-from django_redislock.keys import keyspace
+from django_redislock.runtime import keyspace
 from tests.conftest import hold, wait_for
 
 pytestmark = pytest.mark.django_db
@@ -805,8 +805,7 @@ def test_statistics_page_counts_skips_apart_and_draws_svg_charts(viewer, take):
 
 def test_statistics_charts_fall_back_to_totals_without_recent_minutes(viewer):
     from django_redislock.client import StatsUpdate, write_stats
-    from django_redislock.connection import get_client
-    from django_redislock.keys import keyspace
+    from django_redislock.runtime import get_client, keyspace
 
     space = keyspace()
     update = StatsUpdate(

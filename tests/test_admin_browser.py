@@ -23,8 +23,7 @@ from django.test import Client
 
 from django_redislock import Lock, get_lock_info
 from django_redislock.client import StatsUpdate, write_stats
-from django_redislock.connection import get_client
-from django_redislock.keys import keyspace
+from django_redislock.runtime import get_client, keyspace
 from tests.conftest import ROOT, start_holder
 from tests.screenshots import read_png
 

@@ -115,10 +115,11 @@ def test_importing_the_celery_integration_connects_nothing():
     code = (
         "import json, django; from django.conf import settings; "
         "settings.configure(INSTALLED_APPS=['django.contrib.contenttypes']); django.setup(); "
-        "import django_redislock.celery; from django_redislock import holds, signals; "
+        "import django_redislock.celery; from django_redislock import signals; "
+        "from django_redislock.runtime import runtime; "
         "from celery.signals import task_revoked; "
         "uids = [str(r[0]) for r in task_revoked.receivers + signals.lock_lost.receivers]; "
-        "print(json.dumps({'providers': len(holds.task_id_providers()), "
+        "print(json.dumps({'providers': len(runtime.task_id_providers), "
         "'ours': [u for u in uids if 'django_redislock' in u]}))"
     )
     out = subprocess.run(
@@ -136,11 +137,11 @@ def test_importing_the_celery_integration_connects_nothing():
 def test_the_app_connects_the_celery_receivers_when_ready():
     from celery.signals import task_revoked
 
-    from django_redislock import holds
     from django_redislock import signals as lock_signals
     from django_redislock.celery import receivers
+    from django_redislock.runtime import runtime
 
-    assert receivers.celery_task_id in holds.task_id_providers()
+    assert receivers.celery_task_id in runtime.task_id_providers
     assert any("django_redislock.celery" in str(r[0]) for r in task_revoked.receivers)
     assert any("django_redislock.celery" in str(r[0]) for r in lock_signals.lock_lost.receivers)
 
@@ -149,7 +150,7 @@ def test_the_app_connects_the_celery_receivers_when_ready():
 
     connected = ours()
     receivers.connect()  # idempotent: a second ready() (tests, autoreload) adds nothing
-    assert holds.task_id_providers().count(receivers.celery_task_id) == 1
+    assert runtime.task_id_providers.count(receivers.celery_task_id) == 1
     assert ours() == connected
 
 

@@ -16,9 +16,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from django_redislock import Lock, force_release, get_lock_info, operations, stats
-from django_redislock.keys import keyspace
 from django_redislock.management.base import LockedCommand
 from django_redislock.management.commands import redislock as redislock_command
+from django_redislock.runtime import keyspace
 from tests.conftest import ROOT, hold, subprocess_env, wait_for
 from tests.redis_server import free_port
 

@@ -22,7 +22,7 @@ from django_redislock import (
     get_lock_info,
     list_locks,
 )
-from django_redislock.keys import keyspace
+from django_redislock.runtime import keyspace
 from tests.conftest import wait_for
 from tests.faces import AsyncFace
 

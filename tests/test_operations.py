@@ -17,13 +17,13 @@ from django_redislock import (
     get_lock_info,
     list_locks,
 )
-from django_redislock.keys import keyspace
 from django_redislock.operations import (
     backend_problem,
     describe_holder,
     force_release_info,
     page_locks,
 )
+from django_redislock.runtime import keyspace
 from tests.conftest import start_holder, wait_for
 
 GARBAGE = b"\xff\xfe garbage"
@@ -347,7 +347,7 @@ def test_backend_problem_names_the_cache_and_hides_the_password():
 def test_a_non_string_value_under_a_lock_key_lists_as_unreadable_and_can_be_released(
     redis_client,
 ):
-    from django_redislock.keys import keyspace
+    from django_redislock.runtime import keyspace
 
     key = keyspace().lock("hashed")
     redis_client.hset(key, "field", "value")

@@ -20,7 +20,7 @@ from django_redislock import (
     get_lock_info,
     list_locks,
 )
-from django_redislock.keys import keyspace
+from django_redislock.runtime import keyspace
 from tests.conftest import ROOT, subprocess_env, wait_for
 
 
@@ -245,7 +245,7 @@ def test_three_permits_under_six_processes(redis_client):
     code = (
         "import django, json, os, sys, time; os.environ.setdefault('DJANGO_SETTINGS_MODULE', "
         "'tests.settings'); django.setup(); from django_redislock import Semaphore\n"
-        "from django_redislock.connection import get_client\n"
+        "from django_redislock.runtime import get_client\n"
         "r = get_client(); r.incr('six-ready')\n"  # start together: a barrier on Redis
         "while int(r.get('six-ready')) < 6: time.sleep(0.005)\n"
         "out = []\n"

@@ -11,7 +11,7 @@ from django.conf import settings
 
 from django_redislock import Lock, force_release
 from django_redislock import signals as sig
-from django_redislock.keys import keyspace
+from django_redislock.runtime import keyspace
 from tests.conftest import wait_for
 
 

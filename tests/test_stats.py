@@ -21,7 +21,7 @@ from django_redislock import (
     force_release,
     stats,
 )
-from django_redislock.keys import keyspace
+from django_redislock.runtime import keyspace
 from tests.conftest import ROOT, subprocess_env, wait_for
 
 
@@ -350,7 +350,7 @@ def test_acquisitions_and_failures_per_minute_for_the_last_hour(redis_client):
 
 def test_minutes_older_than_the_window_are_not_shown():
     from django_redislock.client import StatsUpdate, write_stats
-    from django_redislock.connection import get_client
+    from django_redislock.runtime import get_client
 
     old = int(time.time() // 60) - stats.SERIES_MINUTES - 1
     space = keyspace()

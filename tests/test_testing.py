@@ -19,10 +19,9 @@ from django.conf import settings
 from django.core.cache import caches
 from django.test import override_settings
 
-from django_redislock import Lock, Semaphore, holds
+from django_redislock import Lock, Semaphore
 from django_redislock.conf import get_settings
-from django_redislock.connection import get_client
-from django_redislock.keys import keyspace
+from django_redislock.runtime import get_client, keyspace, runtime
 from django_redislock.testing import (
     ENV_VAR,
     assert_locked,
@@ -85,7 +84,7 @@ def test_flush_locks_makes_this_process_forget_its_holds_of_that_namespace():
     other_site = Lock("held", timeout=10, using="site2")
     other_site.acquire()
     flush_locks()
-    names = {(hold.name, hold.ident[1].split(":")[0]) for hold in holds.all_holds()}
+    names = {(hold.name, hold.ident[1].split(":")[0]) for hold in runtime.holds.all()}
     assert ("held", "redislock") not in names  # the watchdog will not report it lost
     assert ("held", "site2") in names
 

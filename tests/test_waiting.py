@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from django_redislock import Lock, LockBackendError, connection, engine, wakeups
-from django_redislock.keys import keyspace
+from django_redislock.runtime import keyspace
 from tests.conftest import ROOT, hand_off_messages, hold, subprocess_env, wait_for
 
 

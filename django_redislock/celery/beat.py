@@ -52,12 +52,12 @@ from celery.beat import PersistentScheduler
 from celery.utils import uuid as celery_uuid
 
 from django_redislock import client as redis_client
-from django_redislock import connection
 from django_redislock.celery import periodic
 from django_redislock.conf import get_settings
 from django_redislock.exceptions import LockBackendError, LockError, LockNotOwnedError
-from django_redislock.keys import keyspace
 from django_redislock.leader import LeaderLease
+from django_redislock.runtime import get_client, keyspace
+from django_redislock.transport import backend_errors
 
 if TYPE_CHECKING:
     from celery.beat import Scheduler as _SchedulerBase
@@ -385,7 +385,7 @@ class LeaderSchedulerMixin(_SchedulerBase):
     def _state_key(self) -> tuple[Any, str]:
         lease = self.leader_lease
         alias = lease.using or get_settings().cache
-        return connection.get_client(alias), keyspace(alias).beat_state(lease.name)
+        return get_client(alias), keyspace(alias).beat_state(lease.name)
 
     def _record_run(self, entry: Any) -> None:
         """Write the entry's new last run to Redis before it is sent (``LockBackendError``)."""
@@ -400,13 +400,13 @@ class LeaderSchedulerMixin(_SchedulerBase):
             }
         )
         client, key = self._state_key()
-        with connection.backend_errors(f"record the run of beat entry {entry.name!r}"):
+        with backend_errors(f"record the run of beat entry {entry.name!r}"):
             redis_client.write_beat_state(client, key, entry.name, record)
 
     def _shared_state(self) -> dict[str, tuple[datetime, int]]:
         """Last run of every entry the leaders recorded: name -> (last_run_at, run count)."""
         client, key = self._state_key()
-        with connection.backend_errors("read the shared beat schedule state"):
+        with backend_errors("read the shared beat schedule state"):
             raw = redis_client.read_beat_state(client, key)
         state: dict[str, tuple[datetime, int]] = {}
         for name, text in raw.items():

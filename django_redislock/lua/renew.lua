@@ -8,7 +8,7 @@
 -- Returns 1 when renewed, 0 when the owner no longer holds the lock (expired or force-released).
 
 local raw = redis.call('GET', KEYS[1])
-if not owner_end(raw, ARGV[1]) then return 0 end
+if not owned_by(raw, ARGV[1]) then return 0 end
 local ms = tonumber(ARGV[2])
 if ARGV[3] == 'add' then
   local left = redis.call('PTTL', KEYS[1])

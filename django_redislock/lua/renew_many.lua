@@ -10,7 +10,7 @@
 local ms = ARGV[1]
 local out = {}
 for i, key in ipairs(KEYS) do
-  if owner_end(redis.call('GET', key), ARGV[i + 1]) then
+  if owned_by(redis.call('GET', key), ARGV[i + 1]) then
     redis.call('PEXPIRE', key, ms)
     out[i] = 1
   else

@@ -1,32 +1,34 @@
--- sem_cancel.lua: a semaphore waiter stops waiting (deadline reached, or interrupted).
+-- sem_cancel.lua: a semaphore attempt ends without the caller knowing (or wanting) what it left
+-- (see cancel.lua): its queue entry goes, and its permit is claimed (`take`) or freed and handed
+-- on. Idempotent; optionally marks the attempt void (see cancel.lua).
 --
--- KEYS[1] <ns>:sem:{name}; KEYS[2] <ns>:semrec:{name}; KEYS[3] <ns>:fence:{name};
--- KEYS[4] <ns>:semq:{name}
--- ARGV[1] the waiter's current queue entry ("" when it has none)
--- ARGV[2] waiter id
--- ARGV[3] owner id
--- ARGV[4] lease, ms
--- ARGV[5] "1": a permit reserved for this waiter is claimed; "0": it is passed on
--- ARGV[6] wake channel prefix; ARGV[7] trust PUBLISH counts; ARGV[8] claim window, ms
+-- KEYS[1..5] as sem_acquire.lua: permits, records, fence counter, queue, waiters
+-- KEYS[6] <ns>:void:{name}:<attempt>
+-- ARGV[1] owner id
+-- ARGV[2] attempt id
+-- ARGV[3] "1": a permit of this attempt is kept (claimed); "0": it is freed and handed on
+-- ARGV[4] lease, ms (for a claim)
+-- ARGV[5] wake channel prefix; ARGV[6] outright hand-off "1"/"0"; ARGV[7] claim window, ms
+-- ARGV[8] ms to keep the attempt void ("0": not marked)
 -- ARGV[9] holder metadata (for a claim)
 --
--- Returns {1, token, 1} when a reserved permit was claimed, else {0}.
+-- Returns {1, token, 1} when the attempt's permit was claimed, -1 when it held none, else 0.
 
+local owner, attempt = ARGV[1], ARGV[2]
 local now = server_ms()
-if ARGV[5] == '1' then
-  local token = sem_claim(KEYS[1], KEYS[2], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[9], now)
+dequeue(KEYS[4], KEYS[5], attempt)
+if tonumber(ARGV[8]) > 0 then redis.call('SET', KEYS[6], '1', 'PX', ARGV[8]) end
+sem_purge(KEYS[1], KEYS[2], now)
+local token, rec = sem_permit_of(KEYS[1], KEYS[2], attempt)
+if not token then return -1 end
+if ARGV[3] == '1' then
+  token = sem_confirm(KEYS[1], KEYS[2], owner, attempt, tonumber(ARGV[4]), ARGV[9], now, token, rec)
   if token then
     sem_touch(KEYS[1], KEYS[2])
-    return {1, token, 1}
+    return {1, tonumber(token), 1}
   end
-else
-  local token = redis.call('HGET', KEYS[2], 'w:' .. ARGV[2])
-  if token then
-    redis.call('HDEL', KEYS[2], 'w:' .. ARGV[2], token)
-    redis.call('ZREM', KEYS[1], token)
-    sem_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[6], ARGV[7], ARGV[8], now)
-    return {0}
-  end
+  return -1
 end
-if ARGV[1] ~= '' then redis.call('LREM', KEYS[4], 1, ARGV[1]) end
-return {0}
+sem_forget(KEYS[1], KEYS[2], token)
+sem_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[5], ARGV[6], ARGV[7], now)
+return 0

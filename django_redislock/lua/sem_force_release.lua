@@ -1,9 +1,9 @@
 -- sem_force_release.lua: an operator frees one permit (by token) or every permit of a semaphore.
 --
--- KEYS[1] <ns>:sem:{name}; KEYS[2] <ns>:semrec:{name}; KEYS[3] <ns>:fence:{name};
--- KEYS[4] <ns>:semq:{name}
+-- KEYS[1] <ns>:sem:{name}; KEYS[2] <ns>:semrec:{name}; KEYS[3] <ns>:fence[:{name}];
+-- KEYS[4] <ns>:semq:{name}; KEYS[5] <ns>:semw:{name}
 -- ARGV[1] the permit's fencing token, "" for every permit
--- ARGV[2] wake channel prefix; ARGV[3] trust PUBLISH counts; ARGV[4] claim window, ms
+-- ARGV[2] wake channel prefix; ARGV[3] outright hand-off "1"/"0"; ARGV[4] claim window, ms
 --
 -- Returns {n, token_1, record_1, ..., token_n, record_n}: the permits released (n = 0: none).
 
@@ -20,13 +20,10 @@ end
 local out = {0}
 for _, token in ipairs(tokens) do
   local rec = redis.call('HGET', KEYS[2], token) or ''
-  local w = string.match(rec, ',"w":"([^"]*)",')
-  if w then redis.call('HDEL', KEYS[2], 'w:' .. w) end
-  redis.call('ZREM', KEYS[1], token)
-  redis.call('HDEL', KEYS[2], token)
+  sem_forget(KEYS[1], KEYS[2], token)
   out[1] = out[1] + 1
   out[#out + 1] = token
   out[#out + 1] = rec
 end
-sem_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], ARGV[3], ARGV[4], now)
+sem_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[2], ARGV[3], ARGV[4], now)
 return out

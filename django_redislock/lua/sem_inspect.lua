@@ -9,6 +9,6 @@ local now = server_ms()
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 local mine = 0
 for _, token in ipairs(live) do
-  if owner_end(redis.call('HGET', KEYS[2], token), ARGV[1]) then mine = mine + 1 end
+  if owned_by(redis.call('HGET', KEYS[2], token), ARGV[1]) then mine = mine + 1 end
 end
 return {#live, mine}

@@ -11,7 +11,7 @@
 local now = server_ms()
 local score = redis.call('ZSCORE', KEYS[1], ARGV[2])
 local rec = redis.call('HGET', KEYS[2], ARGV[2])
-if not score or tonumber(score) <= now or not rec or not owner_end(rec, ARGV[1]) then
+if not score or tonumber(score) <= now or not rec or not owned_by(rec, ARGV[1]) then
   return 0
 end
 local expiry = now + tonumber(ARGV[3])

@@ -14,10 +14,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from django_redislock import client as redis_client
-from django_redislock import connection, holds
+from django_redislock import connection
 from django_redislock.conf import get_settings
-from django_redislock.engine import check_name
-from django_redislock.keys import keyspace
+from django_redislock.holds import Hold
 from django_redislock.operations import (
     LockInfo,
     describe_holder,
@@ -25,6 +24,9 @@ from django_redislock.operations import (
     list_locks,
     lock_holders,
 )
+from django_redislock.runtime import get_client, keyspace, runtime
+from django_redislock.transport import backend_errors
+from django_redislock.validation import check_name
 
 __all__ = [
     "assert_locked",
@@ -65,10 +67,10 @@ def flush_locks(using: str | None = None) -> int:
     """
     deleted = 0
     for alias in lock_aliases(using):
-        client = connection.get_client(alias)
+        client = get_client(alias)
         space = keyspace(alias)
         cursor = 0
-        with connection.backend_errors(f"flush the lock namespace {space.namespace!r}"):
+        with backend_errors(f"flush the lock namespace {space.namespace!r}"):
             while True:
                 cursor, keys = redis_client.scan_keys(
                     client, space.namespace_pattern, cursor=cursor, count=1000
@@ -76,11 +78,11 @@ def flush_locks(using: str | None = None) -> int:
                 deleted += redis_client.delete_keys(client, keys)
                 if cursor == 0:
                     break
-        holds.forget_all(_in_namespace(space.namespace))
+        runtime.holds.forget_all(_in_namespace(space.namespace))
     return deleted
 
 
-def _in_namespace(namespace: str) -> Callable[[holds.Hold], bool]:
+def _in_namespace(namespace: str) -> Callable[[Hold], bool]:
     prefix = namespace + ":"
     return lambda hold: hold.ident[1].startswith(prefix)
 

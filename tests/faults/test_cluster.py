@@ -19,7 +19,7 @@ from django_redislock import (
     list_locks,
     stats,
 )
-from django_redislock.keys import keyspace
+from django_redislock.runtime import keyspace
 from tests import topology_clients
 from tests.conftest import wait_for
 

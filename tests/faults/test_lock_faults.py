@@ -11,7 +11,7 @@ import pytest
 from django.test import override_settings
 
 from django_redislock import Lock, LockBackendError, list_locks
-from django_redislock.connection import get_client
+from django_redislock.runtime import get_client
 from tests.conftest import start_holder
 
 SOCKET_TIMEOUT = 1.0

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from django_redislock import Lock, LockBackendError
-from django_redislock.keys import keyspace
+from django_redislock.runtime import keyspace
 from tests import topology_clients
 from tests.conftest import wait_for
 

@@ -1,0 +1,142 @@
+"""Running a flow (:mod:`django_redislock.flow`): :func:`drive` with blocking calls, :func:`adrive`
+with ``await``. The same steps either way; only how a call is made and how a waiter sleeps
+differ.
+
+A driver owns the attempt's :class:`~django_redislock.wakeups.Waiter`: it registers it when the
+flow first waits (a hand-off that came earlier is kept for it by the registry), resets it before
+each call (a message arriving while the call is in flight still counts), and unregisters it at
+the end, whatever the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from django_redislock.flow import Call, Flow, NotReplicated, Plan, Subscribe, Wait, Woken
+from django_redislock.wakeups import Waiter
+
+__all__ = ["Attempt", "adrive", "arun_call", "drive", "run_call"]
+
+
+@dataclass(kw_only=True)
+class Attempt:
+    """The I/O side of one acquisition: its plan, waiter and whether a call went out."""
+
+    plan: Plan
+    #: The event loop an async waiter sleeps in (``None``: a thread).
+    loop: asyncio.AbstractEventLoop | None = None
+    #: The listener's subscription count when the attempt began: a renewed subscription since
+    #: then (its messages meanwhile are lost) makes the waiter re-check at once.
+    generation: int = 0
+    waiter: Waiter | None = None
+    #: Set once a call may have reached Redis: only then can anything need cleaning up.
+    sent: bool = False
+    #: Calls sent so far, and calls that got a reply (which may have queued or taken something).
+    calls: int = 0
+    replies: int = 0
+
+    def _waiter(self) -> Waiter:
+        waiter = self.waiter
+        if waiter is None:
+            target = self.plan.target
+            waiter = self.waiter = Waiter(self.plan.attempt, loop=self.loop)
+            target.waiters.register(waiter)
+            if target.listener.connections != self.generation:
+                waiter.recheck_at = 0.0
+        return waiter
+
+    def before_call(self) -> None:
+        self.sent = True
+        self.calls += 1
+        if self.waiter is not None:
+            self.waiter.reset()
+
+    def wait_started(self, op: Wait) -> Waiter:
+        waiter = self._waiter()
+        waiter.recheck_at = min(waiter.recheck_at, op.recheck_at)
+        return waiter
+
+    def close(self) -> None:
+        if self.waiter is not None:
+            self.plan.target.waiters.unregister(self.waiter)
+
+
+def run_call(target: Any, call: Call) -> Any:
+    """One script call with blocking I/O (then ``WAIT`` when it asks for replicas)."""
+    if call.each:
+        return target.transport.run_each(call.script, call.keys, call.args, call.action)
+    if not call.replicas:
+        return target.transport.run(call.script, call.keys, call.args, call.action)
+    reply, acked = target.transport.run_waited(
+        call.script, call.keys, call.args, call.replicas, call.replicas_timeout_ms, call.action
+    )
+    if acked < call.replicas:
+        raise NotReplicated(call.action, reply, acked, call.replicas, call.replicas_timeout_ms)
+    return reply
+
+
+async def arun_call(target: Any, call: Call) -> Any:
+    """:func:`run_call` for asyncio (``WAIT`` blocks: it runs in a thread, on the sync client)."""
+    if call.each:
+        return await target.transport.arun_each(call.script, call.keys, call.args, call.action)
+    if call.replicas:
+        return await asyncio.to_thread(run_call, target, call)
+    return await target.transport.arun(call.script, call.keys, call.args, call.action)
+
+
+def drive(flow: Flow, attempt: Attempt) -> Any:
+    """Run ``flow`` with blocking I/O; returns what it returns."""
+    target = attempt.plan.target
+    try:
+        op = next(flow)
+        while True:
+            try:
+                if isinstance(op, Call):
+                    attempt.before_call()
+                    result: Any = run_call(target, op)
+                    attempt.replies += 1
+                elif isinstance(op, Wait):
+                    waiter = attempt.wait_started(op)
+                    waiter.wait(op.until)
+                    result = Woken(waiter.handed, waiter.token)
+                else:
+                    assert isinstance(op, Subscribe)
+                    result = target.listener.ensure(op.timeout)
+            except BaseException as exc:
+                op = flow.throw(exc)
+            else:
+                op = flow.send(result)
+    except StopIteration as stop:
+        return stop.value
+    finally:
+        attempt.close()
+
+
+async def adrive(flow: Flow, attempt: Attempt) -> Any:
+    """Run ``flow`` with ``await``: the same steps as :func:`drive`."""
+    target = attempt.plan.target
+    try:
+        op = next(flow)
+        while True:
+            try:
+                if isinstance(op, Call):
+                    attempt.before_call()
+                    result: Any = await arun_call(target, op)
+                    attempt.replies += 1
+                elif isinstance(op, Wait):
+                    waiter = attempt.wait_started(op)
+                    await waiter.await_(op.until)
+                    result = Woken(waiter.handed, waiter.token)
+                else:
+                    assert isinstance(op, Subscribe)
+                    result = await asyncio.to_thread(target.listener.ensure, op.timeout)
+            except BaseException as exc:
+                op = flow.throw(exc)
+            else:
+                op = flow.send(result)
+    except StopIteration as stop:
+        return stop.value
+    finally:
+        attempt.close()

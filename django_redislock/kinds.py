@@ -1,0 +1,353 @@
+"""What varies between primitives, in one small object each: a *kind*.
+
+A kind says which keys a primitive uses, which scripts it runs with which arguments, and what
+their replies mean. Everything else — waiting, hand-offs, deadlines, holds, the watchdog,
+statistics, signals, the sync and asyncio faces — is written once (:mod:`django_redislock.flow`,
+:mod:`django_redislock.face`) and composed with a kind: ``Lock`` is the blocking face with a
+:class:`LockKind`, ``Semaphore`` the same face with a :class:`SemaphoreKind`. A new primitive is
+a new kind, not a new subclass of a lock.
+
+Calls are returned as ``(script, keys, args)``; every script is idempotent per attempt id (see
+``lua/acquire.lua``), so any of them may be resent, and an attempt whose outcome is unknown can
+be cancelled by its id (``cancel_call``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django_redislock import scripts
+from django_redislock.scripts import Script
+
+__all__ = [
+    "BUSY",
+    "HELD",
+    "REFUSED",
+    "VOID",
+    "AcquireReply",
+    "DropReply",
+    "Inspection",
+    "LockKind",
+    "SemaphoreKind",
+]
+
+Call = tuple[Script, list[str], list[Any]]
+
+#: The lease a clean-up assumes when it does not know it (it only bounds a reserved hand-off's
+#: claim window, see targets.CLAIM_WINDOW).
+CLAIM_DEFAULT = 2.0
+
+#: States of an acquire reply.
+BUSY, HELD, REFUSED, VOID = 0, 1, 2, 3
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireReply:
+    state: int
+    token: int = 0
+    count: int = 0
+    #: Busy: ms until the holder's lease (or the first permit's) ends; -1 for no expiry.
+    wait_ms: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class DropReply:
+    """What a release or a cancel did."""
+
+    #: Holds of the owner left after it (-1: it held nothing to drop).
+    left: int = -1
+    #: A cancel that claimed the attempt's hold: it is held, with this token and count.
+    held: bool = False
+    token: int = 0
+    count: int = 0
+    #: A waiter of this process the lock went to: (waiter id, token or None).
+    handed_here: tuple[str, int | None] | None = None
+
+    @property
+    def dropped(self) -> bool:
+        """Something was dropped (a hold released, or handed on)."""
+        return self.left >= 0 and not self.held
+
+
+@dataclass(frozen=True, slots=True)
+class Inspection:
+    """``locked()`` / ``owned()``: what the holder key holds."""
+
+    held: bool
+    owned: bool
+    #: False when the value is not a lock record (written by something else, or corrupted).
+    readable: bool = True
+    excerpt: str = ""
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _dropped(reply: Any) -> DropReply:
+    """release.lua / cancel.lua's answer for a dropped hold."""
+    if isinstance(reply, list):
+        if int(reply[0]) == 1:  # a claim (cancel with take)
+            return DropReply(
+                left=int(reply[2]), held=True, token=int(reply[1]), count=int(reply[2])
+            )
+        token = int(reply[2])
+        return DropReply(left=0, handed_here=(_text(reply[1]), token if token >= 0 else None))
+    return DropReply(left=int(reply))
+
+
+class LockKind:
+    """A mutex: one owner at a time, re-entrant per owner (unless ``reentrant=False``)."""
+
+    name = "lock"
+    #: Leases of many holds may be reset by one ``renew_many`` script.
+    batch_renewals = True
+    #: One hold per owner, shared by every object of the name (re-entrancy across objects).
+    per_owner = True
+
+    def __init__(self, *, reentrant: bool = True) -> None:
+        self.reentrant = reentrant
+
+    def check_target(self, target: Any) -> None:
+        """Locks run everywhere: one Redis, Sentinel, a Cluster, a quorum of masters."""
+
+    def holder_key(self, target: Any, name: str) -> str:
+        return target.keys.lock(name)  # type: ignore[no-any-return]
+
+    def hold_ident(self, target: Any, name: str, owner: str, token: int) -> tuple[str, str, str]:
+        """One hold per (lock, owner), however often it nests."""
+        return (target.alias, target.keys.lock(name), owner)
+
+    def _keys(self, target: Any, name: str) -> list[str]:
+        keys = target.keys
+        return [keys.lock(name), keys.fence(name), keys.queue(name), keys.waiters(name)]
+
+    def acquire_call(
+        self,
+        target: Any,
+        name: str,
+        *,
+        owner: str,
+        attempt: str,
+        meta: str,
+        lease: float,
+        queue: bool,
+        entry_ms: int,
+    ) -> Call:
+        keys = [*self._keys(target, name), target.keys.void(name, attempt)]
+        args = [
+            owner,
+            max(1, int(lease * 1000)),
+            meta,
+            attempt,
+            "1" if queue else "0",
+            entry_ms,
+            "0" if self.reentrant else "1",
+            *target.wake_args(lease),
+        ]
+        return scripts.ACQUIRE, keys, args
+
+    def read_acquire(self, reply: Any) -> AcquireReply:
+        state = int(reply[0])
+        if state == BUSY:
+            return AcquireReply(BUSY, wait_ms=int(reply[1]))
+        if state == VOID:
+            return AcquireReply(VOID)
+        return AcquireReply(state, token=int(reply[1]), count=int(reply[2]))
+
+    def cancel_call(
+        self,
+        target: Any,
+        name: str,
+        owner: str,
+        attempt: str,
+        *,
+        take: bool = False,
+        lease: float = CLAIM_DEFAULT,
+        void_ms: int = 0,
+        meta: str = "{}",
+        here: str = "",
+    ) -> Call:
+        keys = [*self._keys(target, name), target.keys.void(name, attempt)]
+        args = [
+            owner,
+            attempt,
+            "1" if take else "0",
+            max(1, int(lease * 1000)),
+            *target.wake_args(lease),
+            void_ms,
+            here,
+        ]
+        return scripts.CANCEL, keys, args
+
+    def read_cancel(self, reply: Any) -> DropReply:
+        return _dropped(reply)
+
+    def release_call(
+        self,
+        target: Any,
+        name: str,
+        owner: str,
+        *,
+        attempt: str,
+        token: int | None,
+        all_holds: bool,
+        lease: float,
+        here: str,
+    ) -> Call:
+        args = [owner, attempt, "1" if all_holds else "0", *target.wake_args(lease), here]
+        return scripts.RELEASE, self._keys(target, name), args
+
+    def read_release(self, reply: Any) -> DropReply:
+        return _dropped(reply)
+
+    def renew_call(
+        self, target: Any, name: str, owner: str, token: int, ms: int, mode: str
+    ) -> Call:
+        return scripts.RENEW, [target.keys.lock(name)], [owner, ms, mode]
+
+    def inspect_call(self, target: Any, name: str, owner: str) -> Call:
+        return scripts.INSPECT, [target.keys.lock(name)], [owner]
+
+    def read_inspect(self, reply: Any) -> Inspection:
+        raw = reply[3]
+        return Inspection(
+            held=bool(int(reply[0])),
+            owned=bool(int(reply[1])),
+            readable=bool(int(reply[2])),
+            excerpt=raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw),
+        )
+
+
+class SemaphoreKind:
+    """At most ``permits`` holders at once; every acquisition is a permit of its own, with its
+    own lease and fencing token (not re-entrant)."""
+
+    name = "semaphore"
+    batch_renewals = False
+    #: One hold per acquisition (permit), known to the object that took it.
+    per_owner = False
+    reentrant = False
+
+    def __init__(self, *, permits: int) -> None:
+        self.permits = permits
+
+    def check_target(self, target: Any) -> None:
+        if target.quorum:
+            from django.core.exceptions import ImproperlyConfigured
+
+            raise ImproperlyConfigured(
+                "Semaphores need one Redis (single, Sentinel or Cluster): REDISLOCK['CACHE'] "
+                "lists independent masters (Redlock). Pass using=<one alias>."
+            )
+
+    def holder_key(self, target: Any, name: str) -> str:
+        return target.keys.semaphore(name)  # type: ignore[no-any-return]
+
+    def hold_ident(self, target: Any, name: str, owner: str, token: int) -> tuple[str, str, str]:
+        """One hold per permit: an owner may hold several permits of one semaphore."""
+        return (target.alias, target.keys.semaphore(name), f"{owner}#{token}")
+
+    def _keys(self, target: Any, name: str) -> list[str]:
+        keys = target.keys
+        return [
+            keys.semaphore(name),
+            keys.semaphore_records(name),
+            keys.fence(name),
+            keys.semaphore_queue(name),
+            keys.semaphore_waiters(name),
+        ]
+
+    def acquire_call(
+        self,
+        target: Any,
+        name: str,
+        *,
+        owner: str,
+        attempt: str,
+        meta: str,
+        lease: float,
+        queue: bool,
+        entry_ms: int,
+    ) -> Call:
+        keys = [*self._keys(target, name), target.keys.void(name, attempt)]
+        args = [
+            owner,
+            max(1, int(lease * 1000)),
+            meta,
+            attempt,
+            "1" if queue else "0",
+            entry_ms,
+            self.permits,
+            *target.wake_args(lease),
+        ]
+        return scripts.SEM_ACQUIRE, keys, args
+
+    def read_acquire(self, reply: Any) -> AcquireReply:
+        state = int(reply[0])
+        if state == BUSY:
+            return AcquireReply(BUSY, wait_ms=int(reply[1]))
+        if state == VOID:
+            return AcquireReply(VOID)
+        return AcquireReply(HELD, token=int(reply[1]), count=1)
+
+    def cancel_call(
+        self,
+        target: Any,
+        name: str,
+        owner: str,
+        attempt: str,
+        *,
+        take: bool = False,
+        lease: float = CLAIM_DEFAULT,
+        void_ms: int = 0,
+        meta: str = "{}",
+        here: str = "",
+    ) -> Call:
+        keys = [*self._keys(target, name), target.keys.void(name, attempt)]
+        args = [
+            owner,
+            attempt,
+            "1" if take else "0",
+            max(1, int(lease * 1000)),
+            *target.wake_args(lease),
+            void_ms,
+            meta,
+        ]
+        return scripts.SEM_CANCEL, keys, args
+
+    def read_cancel(self, reply: Any) -> DropReply:
+        if isinstance(reply, list):
+            return DropReply(left=1, held=True, token=int(reply[1]), count=1)
+        return DropReply(left=int(reply))
+
+    def release_call(
+        self,
+        target: Any,
+        name: str,
+        owner: str,
+        *,
+        attempt: str,
+        token: int | None,
+        all_holds: bool,
+        lease: float,
+        here: str,
+    ) -> Call:
+        args = [owner, token or 0, *target.wake_args(lease)]
+        return scripts.SEM_RELEASE, self._keys(target, name), args
+
+    def read_release(self, reply: Any) -> DropReply:
+        return DropReply(left=int(reply))
+
+    def renew_call(
+        self, target: Any, name: str, owner: str, token: int, ms: int, mode: str
+    ) -> Call:
+        return scripts.SEM_RENEW, self._keys(target, name)[:2], [owner, token, ms, mode]
+
+    def inspect_call(self, target: Any, name: str, owner: str) -> Call:
+        return scripts.SEM_INSPECT, self._keys(target, name)[:2], [owner]
+
+    def read_inspect(self, reply: Any) -> Inspection:
+        """Held: a live permit exists; owned: this owner holds one."""
+        return Inspection(held=int(reply[0]) > 0, owned=int(reply[1]) > 0)

@@ -1,0 +1,402 @@
+"""The one seam between the lock engine and Redis: running a script, and subscribing.
+
+Everything the engine sends goes through a :class:`Transport` (the rest of the package's reads
+and statistics pipelines are in :mod:`django_redislock.client`). The default,
+:class:`RedisPyTransport`, uses redis-py's public API only: ``evalsha`` and ``script_load`` on
+the client (so redis-py's own retry, health checks, metrics and instrumentation such as
+OpenTelemetry's all see every lock command), pipelines, ``pubsub()``, and an asyncio twin of the
+client per running event loop.
+
+What a failure means is decided here, once, for every face:
+
+- **not sent** (the pool had no free connection, a Cluster could not be reached at all): the
+  command never left the process, so :meth:`Transport.run` waits for a free connection and
+  sends it; anything else becomes a plain :class:`~django_redislock.LockBackendError`;
+- **an error reply**: Redis answered; :class:`~django_redislock.LockBackendError`;
+- **no reply** (a timeout, a connection lost after the command may have been sent): the outcome
+  is unknown. :class:`NoReply` says so; the engine never resends, but cancels the attempt by its
+  id (see :mod:`django_redislock.flow`). redis-py itself may resend a command after a timeout
+  (its ``Retry``, on by default since redis-py 6): every script is idempotent per attempt id, so
+  a resend never adds a hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import threading
+import time
+import weakref
+from collections.abc import AsyncGenerator, Iterator, Sequence
+from typing import Any, Protocol
+
+from redis import exceptions as redis_errors
+
+from django_redislock import connection
+from django_redislock.exceptions import LockBackendError
+from django_redislock.scripts import Script
+
+__all__ = [
+    "NoReply",
+    "RedisPyTransport",
+    "Transport",
+    "backend_error",
+    "backend_errors",
+]
+
+#: Seconds a command keeps waiting for a free connection of an exhausted pool (threads beyond
+#: ``max_connections``): one frees within moments, and nothing was sent meanwhile.
+POOL_RETRY_BUDGET = 10.0
+#: Seconds a script keeps being retried through a Cluster slot migration or failover.
+MIGRATION_RETRY_BUDGET = 5.0
+
+#: Answers of a Cluster whose slot is being migrated or failed over (``TRYAGAIN`` for a script
+#: whose keys are split between two nodes, redirect loops, ``CLUSTERDOWN``): the script did not
+#: run, and they end by themselves within moments, so they are retried rather than reported.
+_MIGRATING: tuple[type[Exception], ...] = (redis_errors.TryAgainError, redis_errors.ClusterError)
+
+
+def _cluster_exception() -> type[Exception]:
+    return getattr(redis_errors, "RedisClusterException", redis_errors.RedisError)
+
+
+class NoReply(LockBackendError):
+    """A command may have reached Redis, but no reply came (timeout, connection lost): the
+    outcome is unknown. The engine turns it into :class:`~django_redislock.LockOutcomeUnknown`
+    with what it knows about the attempt."""
+
+
+def backend_error(exc: BaseException, action: str) -> LockBackendError:
+    """The :class:`LockBackendError` a redis-py error while trying to ``action`` becomes (raise
+    it ``from exc``); messages say only what is known, and what to check next."""
+    if connection.is_pool_exhausted(exc):
+        return LockBackendError(
+            f"No Redis connection was free while trying to {action}: the connection pool is "
+            f"exhausted ({exc}). Raise the pool's max_connections (CACHES OPTIONS) or use fewer "
+            "threads. Nothing was sent."
+        )
+    if isinstance(exc, redis_errors.BusyLoadingError):
+        return LockBackendError(
+            f"Redis is loading its data set and refused to {action} ({exc}); try again shortly. "
+            "Nothing was changed."
+        )
+    if isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError)):
+        return NoReply(
+            f"Redis did not answer while trying to {action}: {exc}. Check the CACHES LOCATION "
+            "and that the server is up."
+        )
+    if isinstance(exc, redis_errors.ResponseError):
+        text = str(exc)
+        if text.startswith(("MOVED", "ASK", "CROSSSLOT")) or "hash to the same slot" in text:
+            return LockBackendError(
+                f"Redis answered {text!r} while trying to {action}: the server is a Redis "
+                "Cluster node, which a plain client cannot use for locks. Set "
+                "REDISLOCK['CLIENT'] to the dotted path of a function returning a "
+                "redis.cluster.RedisCluster."
+            )
+        return LockBackendError(f"Redis answered an error while trying to {action}: {exc}")
+    if isinstance(exc, _cluster_exception()):
+        return LockBackendError(
+            f"The Redis Cluster could not be reached while trying to {action}: {exc}. Check "
+            "the cluster's nodes and REDISLOCK['CLIENT']. Nothing was sent."
+        )
+    return NoReply(f"Redis failed while trying to {action}: {exc}")
+
+
+def _is_redis_error(exc: BaseException) -> bool:
+    return isinstance(exc, (redis_errors.RedisError, _cluster_exception()))
+
+
+@contextlib.contextmanager
+def backend_errors(action: str) -> Iterator[None]:
+    """Turn redis-py errors into :class:`LockBackendError` (the redis-py error stays available as
+    ``__cause__``)."""
+    try:
+        yield
+    except Exception as exc:
+        if not _is_redis_error(exc):
+            raise
+        raise backend_error(exc, action) from exc
+
+
+class Transport(Protocol):
+    """How the engine reaches one Redis deployment (a server, a Sentinel service, a Cluster)."""
+
+    #: The sync redis-py client, for :mod:`django_redislock.client` reads and statistics.
+    client: Any
+    #: True when ``PUBLISH`` there counts only one node's subscribers (a Cluster).
+    cluster: bool
+
+    def run(self, script: Script, keys: Sequence[str], args: Sequence[Any], action: str) -> Any:
+        """Run ``script`` once; redis-py errors become :class:`LockBackendError` (or
+        :class:`NoReply`)."""
+
+    def run_waited(
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        replicas: int,
+        timeout_ms: int,
+        action: str,
+    ) -> tuple[Any, int]:
+        """Run ``script``, then ``WAIT`` on the same connection: ``(reply, replicas that
+        acknowledged)``."""
+
+    def run_many(
+        self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """Run many calls of one script in one round trip; each result or its exception."""
+
+    async def arun(
+        self, script: Script, keys: Sequence[str], args: Sequence[Any], action: str
+    ) -> Any:
+        """:meth:`run` for asyncio code (a client of the running loop)."""
+
+    def pubsub(self) -> Any:
+        """A redis-py ``PubSub`` for the wake-up listener."""
+
+    def close(self) -> None:
+        """Forget the asyncio clients of other loops (settings changed, or the process forked)."""
+
+
+class RedisPyTransport:
+    """The default :class:`Transport`: redis-py's public API, nothing else."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.cluster = connection.is_cluster(client)
+        self.socket_timeout = connection.socket_timeout(client)
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClient] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._mutex = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<RedisPyTransport {self.client!r}>"
+
+    # -- sync --------------------------------------------------------------------------------
+    def run(self, script: Script, keys: Sequence[str], args: Sequence[Any], action: str) -> Any:
+        give_up = time.monotonic() + POOL_RETRY_BUDGET
+        pause = 0.001
+        while True:
+            try:
+                return _migrating(lambda: _evalsha(self.client, script, keys, args))
+            except Exception as exc:
+                if not _is_redis_error(exc):
+                    raise
+                if not connection.is_pool_exhausted(exc) or time.monotonic() + pause > give_up:
+                    raise backend_error(exc, action) from exc
+            time.sleep(pause)  # nothing was sent: wait for a connection to be given back
+            pause = min(pause * 2, 0.05)
+
+    def run_waited(
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        replicas: int,
+        timeout_ms: int,
+        action: str,
+    ) -> tuple[Any, int]:
+        # WAIT counts the writes of one connection: on a Cluster, that of the key's node.
+        node = node_client(self.client, keys[0])
+        try:
+            for attempt in range(2):
+                pipe = node.pipeline(transaction=False)
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                pipe.execute_command("WAIT", replicas, timeout_ms)
+                reply, acked = pipe.execute(raise_on_error=False)
+                if attempt == 0 and isinstance(reply, redis_errors.NoScriptError):
+                    node.script_load(script.source)
+                    continue
+                if isinstance(reply, redis_errors.ResponseError):
+                    raise script.named(reply) from reply
+                if isinstance(acked, Exception):
+                    raise acked
+                return reply, int(acked)
+        except Exception as exc:
+            if not _is_redis_error(exc):
+                raise
+            raise backend_error(exc, action) from exc
+        raise AssertionError("unreachable")
+
+    def run_many(
+        self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        results: list[Any] = []
+        for attempt in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            results = pipe.execute(raise_on_error=False)
+            if attempt == 0 and any(isinstance(r, redis_errors.NoScriptError) for r in results):
+                self.client.script_load(script.source)
+                continue
+            break
+        return results
+
+    def pubsub(self) -> Any:
+        return self.client.pubsub()
+
+    # -- asyncio -----------------------------------------------------------------------------
+    async def arun(
+        self, script: Script, keys: Sequence[str], args: Sequence[Any], action: str
+    ) -> Any:
+        client = await self.async_client()
+        try:
+            try:
+                async with _deadline(self.socket_timeout):
+                    return await _aevalsha(client, script, keys, args)
+            except _MIGRATING:
+                pass
+            for pause in _migration_pauses():
+                try:
+                    async with _deadline(self.socket_timeout):
+                        return await _aevalsha(client, script, keys, args)
+                except _MIGRATING:
+                    if pause is None:
+                        raise
+                    await asyncio.sleep(pause)
+        except TimeoutError as exc:  # the call's deadline (redis-py's own is a RedisError)
+            raise NoReply(
+                f"Redis did not answer within {self.socket_timeout:g} s while trying to "
+                f"{action}. Check the CACHES LOCATION and that the server is up."
+            ) from exc
+        except Exception as exc:
+            if not _is_redis_error(exc):
+                raise
+            raise backend_error(exc, action) from exc
+        raise AssertionError("unreachable")
+
+    async def async_client(self) -> Any:
+        """The asyncio twin of :attr:`client` for the running loop, closed when
+        ``asyncio.run`` ends the loop."""
+        loop = asyncio.get_running_loop()
+        entry = self._loops.get(loop)
+        if entry is None:
+            # Timeouts are applied per call here (_deadline), not by redis-py's connections.
+            entry = _LoopClient(connection.make_async_client(self.client, read_timeout=False))
+            self._loops[loop] = entry
+            await entry.closer.__anext__()  # registers it with the loop's async-generator hooks
+        return entry.client
+
+    def close(self) -> None:
+        self._loops = weakref.WeakKeyDictionary()
+
+
+class _LoopClient:
+    """An asyncio client and the suspended async generator that closes it: the loop finalizes
+    the generator in ``shutdown_asyncgens`` (which ``asyncio.run`` calls before closing)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.closer = self._close_at_loop_end()
+
+    async def _close_at_loop_end(self) -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                try:
+                    await self.client.aclose(close_connection_pool=True)
+                except TypeError:  # RedisCluster.aclose() closes its nodes' pools itself
+                    await self.client.aclose()
+
+
+class _deadline:
+    """``asyncio.timeout(seconds)`` (``None``: none), also on Python 3.10: a cancellation of
+    the call that came from its own timer becomes :class:`TimeoutError`; any other stays one."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self._handle: asyncio.TimerHandle | None = None
+        self._fired = False
+        self._native: Any = None
+
+    async def __aenter__(self) -> None:
+        if self.seconds is None:
+            return
+        if sys.version_info >= (3, 11):
+            self._native = asyncio.timeout(self.seconds)
+            await self._native.__aenter__()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+
+        def fire() -> None:
+            self._fired = True
+            task.cancel()
+
+        self._handle = asyncio.get_running_loop().call_later(self.seconds, fire)
+
+    async def __aexit__(self, kind: Any, exc: Any, tb: Any) -> bool | None:
+        if self._native is not None:
+            return await self._native.__aexit__(kind, exc, tb)  # type: ignore[no-any-return]
+        if self._handle is not None:
+            self._handle.cancel()
+        if self._fired and kind is asyncio.CancelledError:
+            raise TimeoutError from exc
+        return None
+
+
+def node_client(client: Any, key: str) -> Any:
+    """The client of the node serving ``key`` (the client itself off a Cluster)."""
+    get_node = getattr(client, "get_node_from_key", None)
+    if get_node is None:
+        return client
+    return client.get_redis_connection(get_node(key))
+
+
+def _evalsha(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    """``EVALSHA``, loading the script after a ``NOSCRIPT`` (which ran nothing)."""
+    try:
+        try:
+            return client.evalsha(script.sha, len(keys), *keys, *args)
+        except redis_errors.NoScriptError:
+            client.script_load(script.source)
+            return client.evalsha(script.sha, len(keys), *keys, *args)
+    except redis_errors.ResponseError as exc:
+        if isinstance(exc, _MIGRATING):
+            raise
+        raise script.named(exc) from exc
+
+
+async def _aevalsha(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    try:
+        try:
+            return await client.evalsha(script.sha, len(keys), *keys, *args)
+        except redis_errors.NoScriptError:
+            await client.script_load(script.source)
+            return await client.evalsha(script.sha, len(keys), *keys, *args)
+    except redis_errors.ResponseError as exc:
+        if isinstance(exc, _MIGRATING):
+            raise
+        raise script.named(exc) from exc
+
+
+def _migrating(call: Any) -> Any:
+    """``call()``, retried while a Cluster slot is migrating or failing over."""
+    try:
+        return call()
+    except _MIGRATING:
+        pass
+    for pause in _migration_pauses():
+        try:
+            return call()
+        except _MIGRATING:
+            if pause is None:
+                raise
+            time.sleep(pause)
+    raise AssertionError("unreachable")
+
+
+def _migration_pauses() -> Iterator[float | None]:
+    """Pauses between attempts (growing), then ``None``: give up."""
+    spent, pause = 0.0, 0.01
+    while spent < MIGRATION_RETRY_BUDGET:
+        yield pause
+        spent += pause
+        pause = min(pause * 2, 0.25)
+    yield None
