@@ -17,6 +17,7 @@ from typing import Any
 from redis import exceptions as redis_errors
 
 from django_redislock.conf import get_settings
+from django_redislock.exceptions import LockBackendError
 
 __all__ = [
     "BUILTIN_BACKEND",
@@ -100,10 +101,19 @@ def _client_from_setting(path: str) -> Any:
     from django.utils.module_loading import import_string
 
     try:
-        client = import_string(path)()
+        factory = import_string(path)
     except ImportError as exc:
         raise ImproperlyConfigured(
             f"django_redislock.E011: REDISLOCK['CLIENT'] = {path!r} cannot be imported: {exc}"
+        ) from exc
+    try:
+        client = factory()
+    except (redis_errors.RedisError, getattr(redis_errors, "RedisClusterException", ())) as exc:
+        # RedisCluster connects in its constructor (and raises RedisClusterException, which
+        # is no RedisError): Redis being down is a LockBackendError, as everywhere.
+        raise LockBackendError(
+            f"REDISLOCK['CLIENT'] = {path!r} could not connect to Redis: {exc}. Check that the "
+            "servers it names are up and reachable."
         ) from exc
     if not callable(getattr(client, "evalsha", None)):
         raise ImproperlyConfigured(

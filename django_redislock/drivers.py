@@ -58,6 +58,12 @@ class Attempt:
         waiter.recheck_at = min(waiter.recheck_at, op.recheck_at)
         return waiter
 
+    def resubscribe(self) -> bool:
+        """Whether the listener stopped since the attempt queued (it stops when no waiter is
+        registered, and this waiter registers only now): subscribe again, then re-check at
+        once, since a hand-off meanwhile went unheard."""
+        return not self.plan.target.listener.ready.is_set()
+
     def close(self) -> None:
         if self.waiter is not None:
             self.plan.target.waiters.unregister(self.waiter)
@@ -99,8 +105,11 @@ def drive(flow: Flow, attempt: Attempt) -> Any:
                     attempt.replies += 1
                 elif isinstance(op, Wait):
                     waiter = attempt.wait_started(op)
-                    waiter.wait(op.until)
-                    result = Woken(waiter.handed, waiter.token)
+                    if attempt.resubscribe() and target.listener.ensure(target.subscribe_timeout):
+                        result = Woken(waiter.handed, waiter.token)  # re-check now
+                    else:
+                        waiter.wait(op.until)
+                        result = Woken(waiter.handed, waiter.token)
                 else:
                     assert isinstance(op, Subscribe)
                     result = target.listener.ensure(op.timeout)
@@ -127,8 +136,13 @@ async def adrive(flow: Flow, attempt: Attempt) -> Any:
                     attempt.replies += 1
                 elif isinstance(op, Wait):
                     waiter = attempt.wait_started(op)
-                    await waiter.await_(op.until)
-                    result = Woken(waiter.handed, waiter.token)
+                    if attempt.resubscribe() and await asyncio.to_thread(
+                        target.listener.ensure, target.subscribe_timeout
+                    ):
+                        result = Woken(waiter.handed, waiter.token)  # re-check now
+                    else:
+                        await waiter.await_(op.until)
+                        result = Woken(waiter.handed, waiter.token)
                 else:
                     assert isinstance(op, Subscribe)
                     result = await asyncio.to_thread(target.listener.ensure, op.timeout)

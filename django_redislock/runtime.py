@@ -209,6 +209,11 @@ class Runtime:
                     )
         return found
 
+    def listeners(self) -> list[Listener]:
+        """The wake-up listeners of this process (one per server and namespace)."""
+        with self._mutex:
+            return list(self._listeners.values())
+
     # -- resets --------------------------------------------------------------------------------
     def reset(self) -> None:
         """Forget clients, transports and targets (the settings changed); holds stay."""

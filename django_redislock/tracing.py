@@ -33,7 +33,6 @@ the spans at a provider of your own instead of the global one (tests do this wit
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -75,24 +74,14 @@ if _trace_api is not None:
         _tracer = source.get_tracer(_SCOPE)
         _live = provider is not None
 
-    # The API loads a provider named by this variable on first use; without it, the global
-    # provider is whatever set_tracer_provider() set, and reading os.environ at every event
-    # (as get_tracer_provider() does) would cost more than the rest of record().
-    _FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
-    _UNKNOWN = object()
-
     def _recording() -> bool:
         """Whether spans can go anywhere: with no SDK configured (yet) no span is built at all,
-        which is much cheaper than OpenTelemetry's own no-op spans."""
+        which is much cheaper than OpenTelemetry's own no-op spans. Once a real provider is
+        set it stays (the global provider cannot be replaced), so it is asked until then."""
         global _live
         if _live:
             return True
-        provider = _UNKNOWN if _FROM_ENV else getattr(_trace_api, "_TRACER_PROVIDER", _UNKNOWN)
-        if provider is None:  # nothing set yet
-            return False
-        if provider is _UNKNOWN:  # the API changed, or a provider from the environment
-            provider = _trace_api.get_tracer_provider()
-        if isinstance(provider, (ProxyTracerProvider, NoOpTracerProvider)):
+        if isinstance(_trace_api.get_tracer_provider(), (ProxyTracerProvider, NoOpTracerProvider)):
             return False
         _live = True
         return True
@@ -105,12 +94,7 @@ if _trace_api is not None:
         contended: bool,
         token: int | None,
     ) -> None:
-        # No provider set (the usual case without tracing) is told first, without a call: this
-        # runs twice per lock cycle.
-        if not _live and (
-            (not _FROM_ENV and getattr(_trace_api, "_TRACER_PROVIDER", _UNKNOWN) is None)
-            or not _recording()
-        ):
+        if not _live and not _recording():
             return
         if event == "acquired" or event == "failed":
             span_name, measured = ACQUIRE_SPAN, "redislock.waited"

@@ -122,6 +122,10 @@ class Waiter:
                 self._event.clear()
 
 
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -276,7 +280,9 @@ class Listener:
                     return
                 if message is not None:
                     last_heard, pinged = now, False
-                    if message.get("type") == "message":
+                    if message.get("type") == "message" and _text(message.get("channel")) == (
+                        self.channel
+                    ):  # not, e.g., a CLIENT TRACKING invalidation redirected here
                         self.waiters.dispatch(message["data"])
                     continue
                 silent = now - last_heard

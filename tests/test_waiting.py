@@ -9,7 +9,6 @@ connection pool has connections.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import signal
 import subprocess
@@ -20,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from django_redislock import Lock, LockBackendError, connection, engine, wakeups
-from django_redislock.runtime import keyspace
+from django_redislock import Lock, LockBackendError, drivers, wakeups
+from django_redislock.runtime import keyspace, runtime
+from django_redislock.targets import CLAIM_WINDOW
 from tests.conftest import ROOT, hand_off_messages, hold, subprocess_env, wait_for
 
 
@@ -85,35 +85,25 @@ def processes():
             proc.stdout.close()
 
 
-#: The listener's reads to test: the lean one exists only with hiredis (without it every
-#: connection reads through ``get_message``, which the other parameter covers).
-LISTENER_READS = ["lean", "get_message"] if importlib.util.find_spec("hiredis") else ["get_message"]
-
-
-@pytest.fixture(params=LISTENER_READS)
-def listener_reads(request, monkeypatch):
-    """The wake-up listener reading its subscription straight from the socket, or through
-    redis-py's ``get_message`` (a connection the lean reader does not serve): both must wake
-    waiters alike. Listeners of earlier tests are stopped first, so the next one chooses anew."""
-    if request.param == "get_message":
-        monkeypatch.setattr(connection, "pubsub_reader", lambda pubsub: None)
+@pytest.fixture
+def fresh_listener(monkeypatch) -> None:
+    """Listeners of earlier tests are stopped first, so each test starts its own."""
     idle_exit = wakeups.IDLE_EXIT
     monkeypatch.setattr(wakeups, "IDLE_EXIT", 0.0)
-    for listener in list(wakeups._listeners.values()):
+    for listener in runtime.listeners():
         wait_for(lambda one=listener: one._thread is None, what="an idle listener to stop")
     monkeypatch.setattr(wakeups, "IDLE_EXIT", idle_exit)
-    return request.param
 
 
 @pytest.fixture
 def publish_counts_nobody(monkeypatch):
     """Hand-offs as on a Redis Cluster, where PUBLISH's count cannot tell a dead waiter."""
-    original = engine.target_for
+    original = runtime.target
 
-    def cluster_like(using):
-        return dataclasses.replace(original(using), trust_publish="0")
+    def cluster_like(using=None):
+        return dataclasses.replace(original(using), outright=False)
 
-    monkeypatch.setattr(engine, "target_for", cluster_like)
+    monkeypatch.setattr(runtime, "target", cluster_like)
 
 
 # -- defect: waits longer than the socket timeout -------------------------------------------------
@@ -140,13 +130,11 @@ def test_a_wait_longer_than_the_default_socket_timeout_succeeds(redis_client, al
 
 
 @pytest.mark.parametrize("kind", ["normal", "pubsub"])
-def test_a_killed_connection_during_a_wait_keeps_waiting(redis_client, kind, listener_reads):
+def test_a_killed_connection_during_a_wait_keeps_waiting(redis_client, kind, fresh_listener):
     holder = Lock(f"kill-{kind}", timeout=30)
     holder.acquire()
     waiter = start_waiter(f"kill-{kind}", blocking_timeout=8)
     wait_for(lambda: queue_length(redis_client, f"kill-{kind}") == 1, what="the waiter to queue")
-    listener = holder._target().listener()
-    assert listener.lean is (listener_reads == "lean")
     killed = redis_client.client_kill_filter(_type=kind)
     assert killed >= 1
     time.sleep(1.5)  # the old failure surfaced here, after the killed read
@@ -157,7 +145,7 @@ def test_a_killed_connection_during_a_wait_keeps_waiting(redis_client, kind, lis
 
 
 def test_a_hand_off_from_another_process_wakes_the_waiter_at_once(
-    redis_client, holders, listener_reads
+    redis_client, holders, fresh_listener
 ):
     """The release in another process publishes to this process's channel; the listener reads
     it and wakes the waiter, long before the holder's lease (30 s) would make it re-check."""
@@ -168,7 +156,6 @@ def test_a_hand_off_from_another_process_wakes_the_waiter_at_once(
     waiter.join(20)
     assert waiter.error is None and waiter.result is True
     assert waiter.acquired_at is not None and waiter.acquired_at - started < 3.0
-    assert Lock("cross-process")._target().listener().lean is (listener_reads == "lean")
 
 
 def test_redis_down_during_a_wait_raises_within_the_deadline(redis_factory, settings):
@@ -229,7 +216,7 @@ def test_a_dead_waiter_costs_at_most_the_claim_window_when_publish_cannot_tell(
     waiter.join(20)
     assert waiter.result is True
     stall = waiter.acquired_at - released  # type: ignore[operator]
-    assert engine.CLAIM_WINDOW - 0.2 < stall < engine.CLAIM_WINDOW + 1.0
+    assert CLAIM_WINDOW - 0.2 < stall < CLAIM_WINDOW + 1.0
 
 
 @pytest.mark.slow
@@ -250,7 +237,7 @@ def test_a_frozen_waiter_costs_at_most_the_claim_window_where_hand_offs_are_clai
     waiter.join(20)
     assert waiter.result is True
     stall = waiter.acquired_at - released  # type: ignore[operator]
-    assert stall < engine.CLAIM_WINDOW + 1.0
+    assert stall < CLAIM_WINDOW + 1.0
 
 
 @pytest.mark.slow
@@ -290,7 +277,7 @@ def test_a_thousand_threads_wait_with_a_pool_of_ten(redis_client):
     holder.acquire()
     waiters = [start_waiter("crowd", using="small-pool", blocking_timeout=120) for _ in range(1000)]
     wait_for(lambda: queue_length(redis_client, "crowd") == 1000, timeout=60, what="1000 waiters")
-    pool = holder._target().client.connection_pool
+    pool = runtime.target().client.connection_pool
     # Waiting holds no connection: the last enqueue round trips give theirs back at once.
     wait_for(lambda: len(pool._in_use_connections) < 10, timeout=10, what="connections returned")
     holder.release()
@@ -324,7 +311,7 @@ def test_a_release_wakes_a_waiter_of_its_own_process_without_a_message(redis_cli
     holder = Lock("local-hand-off", timeout=30)
     holder.acquire()
     spy = redis_client.pubsub()
-    spy.psubscribe(holder._target().channel_prefix + "*")
+    spy.psubscribe(runtime.target().channel_prefix + "*")
     started = [
         start_waiter("local-hand-off", blocking_timeout=20, hold=0.05) for _ in range(waiters)
     ]
@@ -345,28 +332,28 @@ def test_a_release_wakes_a_waiter_of_its_own_process_without_a_message(redis_cli
 def _between_first_call_and_registration(monkeypatch, action):
     """Run ``action(attempt)`` after an acquisition's first call found the lock busy (and queued
     it) and before its waiter is registered: the window a lazily registered waiter must cover."""
-    original = engine.LockBase._waiter
+    original = drivers.Attempt._waiter
     seen: list[Any] = []
 
-    def waiter(self, attempt):
+    def waiter(self):
         if not seen:
-            seen.append(attempt)
-            action(attempt)
-        return original(self, attempt)
+            seen.append(self)
+            action(self)
+        return original(self)
 
-    monkeypatch.setattr(engine.LockBase, "_waiter", waiter)
+    monkeypatch.setattr(drivers.Attempt, "_waiter", waiter)
     return seen
 
 
 def test_a_hand_off_that_comes_before_the_waiter_registers_is_not_lost(redis_client, monkeypatch):
     holder = Lock("early-hand-off", timeout=30, owner="holder")  # released from the waiter's thread
     holder.acquire()
-    assert holder._target().listener().ensure(5)  # subscribed: a first call queues
+    assert runtime.target().listener.ensure(5)  # subscribed: a first call queues
 
     def release_now(attempt):
-        assert attempt.queued and attempt.waiter_id  # the first call queued it
+        assert attempt.plan.queue  # the first call queued it
         holder.release()  # hands the lock to that waiter: its wake-up comes first
-        assert attempt.waiter_id in wakeups._early  # ... and is kept for the registration
+        assert attempt.plan.attempt in runtime.waiters._early  # ... kept for the registration
 
     seen = _between_first_call_and_registration(monkeypatch, release_now)
     started = time.monotonic()
@@ -374,7 +361,7 @@ def test_a_hand_off_that_comes_before_the_waiter_registers_is_not_lost(redis_cli
     waiter.join(10)
     assert waiter.result is True and waiter.acquired_at is not None, waiter.error
     assert waiter.acquired_at - started < 2  # not the holder's 30 s lease
-    assert seen and seen[0].waiter_id not in wakeups._early  # taken by the registration
+    assert seen and seen[0].plan.attempt not in runtime.waiters._early  # taken by the registration
 
 
 def test_a_message_of_a_renewed_subscription_missed_before_registration_costs_no_wait(
@@ -385,12 +372,12 @@ def test_a_message_of_a_renewed_subscription_missed_before_registration_costs_no
     re-checks at once instead of at the holder's lease end."""
     holder = Lock("renewed-sub", timeout=30, owner="holder")
     holder.acquire()
-    assert holder._target().listener().ensure(5)
+    assert runtime.target().listener.ensure(5)
 
     def release_and_lose(attempt):
         holder.release()
-        assert wakeups._early.pop(attempt.waiter_id)  # the hand-off, lost in the reconnect
-        attempt.listener.connections += 1  # ... which made a new subscription
+        assert runtime.waiters._early.pop(attempt.plan.attempt)  # lost in the reconnect
+        attempt.plan.target.listener.connections += 1  # ... which made a new subscription
 
     seen = _between_first_call_and_registration(monkeypatch, release_and_lose)
     started = time.monotonic()
@@ -405,7 +392,7 @@ def test_an_interruption_before_the_waiter_registers_leaves_the_queue(redis_clie
     can come anywhere): the entry is removed, so no release hands the lock to nobody."""
     holder = Lock("interrupted-early", timeout=30, owner="holder")
     holder.acquire()
-    assert holder._target().listener().ensure(5)
+    assert runtime.target().listener.ensure(5)
 
     class Interrupted(Exception):
         pass
@@ -432,7 +419,7 @@ def test_a_listener_not_ready_at_registration_is_awaited_and_the_place_in_line_k
     holder.acquire()
     first = start_waiter("stopped-listener", blocking_timeout=10, hold=0.05)
     wait_for(lambda: queue_length(redis_client, "stopped-listener") == 1)
-    listener = holder._target().listener()
+    listener = runtime.target().listener
     resubscribed = threading.Timer(0.2, listener.ready.set)
     ensured: list[float] = []
     ensure = listener.ensure
@@ -463,22 +450,22 @@ def test_a_listener_not_ready_at_registration_is_awaited_and_the_place_in_line_k
 
 def test_early_messages_for_waiters_that_never_register_are_dropped(monkeypatch):
     monkeypatch.setattr(wakeups, "EARLY_MAX", 8)
+    registry = wakeups.WaiterRegistry()
     for n in range(20):
-        wakeups._dispatch(f"r gone.{n} 100")
-    assert len(wakeups._early) <= 8
-    wakeups._prune_early(time.monotonic() + wakeups.EARLY_TTL + 1)
-    assert not wakeups._early
+        registry.dispatch(f"r gone.{n} 100")
+    assert len(registry._early) <= 8
+    monkeypatch.setattr(wakeups, "EARLY_TTL", -1.0)  # every kept message is too old now
+    registry.dispatch("r gone.last 100")
+    assert list(registry._early) == ["gone.last"]
 
 
 def test_a_message_kept_for_a_waiter_is_delivered_at_its_registration():
+    registry = wakeups.WaiterRegistry()
     waiter = wakeups.Waiter("early.1")
-    wakeups._dispatch("h early.1 41")
+    registry.dispatch("h early.1 41")
     assert not waiter.handed
-    wakeups.register(waiter)
-    try:
-        assert waiter.handed and waiter.token == 41
-        assert "early.1" not in wakeups._early
-        wakeups._dispatch("r early.1 0")  # registered: delivered at once
-        assert waiter.recheck_at <= time.monotonic()
-    finally:
-        wakeups.unregister(waiter)
+    registry.register(waiter)
+    assert waiter.handed and waiter.token == 41
+    assert "early.1" not in registry._early
+    registry.dispatch("r early.1 0")  # registered: delivered at once
+    assert waiter.recheck_at <= time.monotonic()

@@ -5,11 +5,19 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import cast
 
-from django_redislock import Lock, holds
+from django_redislock import Lock
 from django_redislock.holds import Hold
-from django_redislock.watchdog import watchdog
+from django_redislock.runtime import keyspace, runtime
+from django_redislock.watchdog import RENEW_BATCH
+
+watchdog = runtime.watchdog
+
+
+def held(locks: list[Lock]) -> list[Hold]:
+    """The holds of ``locks`` as the watchdog sees them."""
+    names = {lock.name for lock in locks}
+    return [hold for hold in runtime.holds.all() if hold.name in names]
 
 
 def watchdog_threads() -> list[threading.Thread]:
@@ -17,16 +25,16 @@ def watchdog_threads() -> list[threading.Thread]:
 
 
 def test_many_locks_share_one_thread_and_batch_their_renewals(redis_client, monkeypatch):
-    from django_redislock import scripts
+    from django_redislock.transport import RedisPyTransport
 
     pipelines = []
-    real_run_pipeline = scripts.run_pipeline
+    real_run_many = RedisPyTransport.run_many
 
-    def counting_run_pipeline(client, script, calls, **kwargs):  # a spy: Redis does the work
+    def counting_run_many(self, script, calls):  # a spy: Redis does the work
         pipelines.append(sum(len(keys) for keys, _ in calls))  # locks renewed by this round trip
-        return real_run_pipeline(client, script, calls, **kwargs)
+        return real_run_many(self, script, calls)
 
-    monkeypatch.setattr(scripts, "run_pipeline", counting_run_pipeline)
+    monkeypatch.setattr(RedisPyTransport, "run_many", counting_run_many)
     locks = [Lock(f"many:{i}", timeout=0.9) for i in range(300)]
     for lock in locks:
         lock.acquire()
@@ -50,22 +58,19 @@ def test_many_locks_share_one_thread_and_batch_their_renewals(redis_client, monk
 def test_a_batch_larger_than_one_script_call_renews_each_lock_and_reports_each_loss(redis_client):
     """RENEW_MANY runs RENEW_BATCH locks per script: every lock of a bigger batch is renewed,
     and a lock deleted behind its holder's back is reported lost — that one only."""
-    from django_redislock import scripts
-
-    count = scripts.RENEW_BATCH + 50
+    count = RENEW_BATCH + 50
     locks = [Lock(f"batch:{i}", timeout=30) for i in range(count)]
     for lock in locks:
         lock.acquire()
     try:
-        gone = locks[scripts.RENEW_BATCH + 7]  # in the second script call
-        redis_client.delete(gone._spec().lock_key)
+        gone = locks[RENEW_BATCH + 7]  # in the second script call
+        redis_client.delete(keyspace().lock(gone.name))
         for lock in locks:
-            redis_client.pexpire(lock._spec().lock_key, 5000)
-        due = [holds.get((*lock._spec().ident, lock.owner)) for lock in locks]
-        watchdog.renew_now(cast("list[Hold]", due))  # every lock is held: no None
+            redis_client.pexpire(keyspace().lock(lock.name), 5000)
+        watchdog.renew_now(held(locks))
         assert gone.lost
         assert [lock for lock in locks if lock.lost] == [gone]
-        ttls = [redis_client.pttl(lock._spec().lock_key) for lock in locks if lock is not gone]
+        ttls = [redis_client.pttl(keyspace().lock(lock.name)) for lock in locks if lock is not gone]
         assert min(ttls) > 20_000  # renewed to the 30 s lease, not left at 5 s
     finally:
         for lock in locks:
@@ -81,15 +86,14 @@ def test_locks_of_different_leases_renewed_together_each_get_their_own(redis_cli
         lock.acquire()
     try:
         gone = locks[16]  # a 60 s lock, between others
-        redis_client.delete(gone._spec().lock_key)
+        redis_client.delete(keyspace().lock(gone.name))
         for lock in locks:
-            redis_client.pexpire(lock._spec().lock_key, 5000)
-        due = [holds.get((*lock._spec().ident, lock.owner)) for lock in locks]
-        watchdog.renew_now(cast("list[Hold]", due))
+            redis_client.pexpire(keyspace().lock(lock.name), 5000)
+        watchdog.renew_now(held(locks))
         assert [lock for lock in locks if lock.lost] == [gone]
         for lock in locks:
             if lock is not gone:
-                left = redis_client.pttl(lock._spec().lock_key)
+                left = redis_client.pttl(keyspace().lock(lock.name))
                 assert lock.timeout * 1000 - 5000 < left <= lock.timeout * 1000
     finally:
         for lock in locks:

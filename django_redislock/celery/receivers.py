@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from celery._state import get_current_task
+from celery import current_task
 from celery.signals import task_postrun, task_prerun, task_revoked, worker_init
 
 from django_redislock import signals as lock_signals
@@ -45,13 +45,12 @@ def celery_task_id() -> str | None:
     Called on every acquisition. A process that runs no task (a web process, a worker between
     tasks) answers from the ``_running`` tally without touching Celery's task stack, whose
     lookup raises and catches two exceptions in a thread that never ran a task. Otherwise it
-    reads the stack directly (what the ``current_task`` proxy does, without the proxy)."""
+    asks Celery's public ``current_task`` proxy."""
     if not _running:
         return None
-    task = get_current_task()
-    if task is None:
+    if not current_task:  # the proxy of Celery's current task: falsy outside one
         return None
-    return getattr(getattr(task, "request", None), "id", None)
+    return getattr(getattr(current_task, "request", None), "id", None)
 
 
 def connect() -> None:
