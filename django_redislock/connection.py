@@ -44,6 +44,12 @@ _POOL_EXHAUSTED: tuple[type[Exception], ...] = tuple(
 )
 
 
+#: What ``RedisCluster`` raises when it reaches no node at all (not a ``RedisError``).
+_CLUSTER_UNREACHABLE: type[Exception] = getattr(
+    redis_errors, "RedisClusterException", redis_errors.RedisError
+)
+
+
 def is_pool_exhausted(exc: BaseException | None) -> bool:
     """True for the error redis-py raises when its connection pool has no connection left."""
     if exc is None:
@@ -108,7 +114,7 @@ def _client_from_setting(path: str) -> Any:
         ) from exc
     try:
         client = factory()
-    except (redis_errors.RedisError, getattr(redis_errors, "RedisClusterException", ())) as exc:
+    except (redis_errors.RedisError, _CLUSTER_UNREACHABLE) as exc:
         # RedisCluster connects in its constructor (and raises RedisClusterException, which
         # is no RedisError): Redis being down is a LockBackendError, as everywhere.
         raise LockBackendError(
