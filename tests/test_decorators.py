@@ -317,7 +317,7 @@ def test_a_generator_passes_send_and_its_return_value_through():
 
 def test_a_generator_releases_on_close_and_on_an_exception():
     @distributed_lock("gen-close", timeout=5)
-    def rows() -> Iterator[int]:
+    def rows() -> Generator[int, None, None]:
         yield 1
         yield 2
 
@@ -339,11 +339,11 @@ def test_a_generator_releases_on_close_and_on_an_exception():
         yield 1
         raise RuntimeError("from the body")
 
-    gen = broken()
-    next(gen)
+    raising = broken()
+    next(raising)
     assert Lock("gen-raises").locked()
     with pytest.raises(RuntimeError):
-        next(gen)
+        next(raising)
     assert not Lock("gen-raises").locked()
 
 
@@ -521,7 +521,7 @@ def test_an_async_generator_passes_asend_and_athrow_through():
 
 def test_an_async_generator_releases_on_aclose_and_on_an_exception():
     @distributed_lock("agen-close", timeout=5)
-    async def rows() -> AsyncIterator[int]:
+    async def rows() -> AsyncGenerator[int, None]:
         yield 1
         raise RuntimeError("from the body")
 

@@ -27,7 +27,7 @@ def test_a_field_nested_after_a_conversion_fails_at_decoration_time():
 
 
 def test_a_field_nested_in_a_format_spec_is_filled_from_the_arguments():
-    seen = []
+    seen: list[str] = []
 
     @distributed_lock("j:{x:0{width}d}:{name!r:>{pad}}", timeout=5)
     def job(x: int, name: str, width: int = 4, pad: int = 5) -> None:
