@@ -6,6 +6,7 @@
 #   make test-fast          everything but the tests marked `slow`
 #   make test-slow          only the `slow` tests (processes, workers, browsers, faults, venvs)
 #   make test-topology      Redis Cluster, Sentinel and independent masters (real processes)
+#   make test-chaos         lost replies, cancellations, lossy failovers: chaos workers + history checker
 #   make test-bench         the benchmark harness smoke test (bench_locks.py --quick, every section)
 #   make test-flavours      the core again on a bare CACHES entry and on Django's RedisCache
 #   make docs [DOCS_PORT=8001]  the documentation site (docs/, mkdocs.yml): strict build, then served with live reload
@@ -17,7 +18,7 @@
 #   make bench [ARGS=...]   benchmarks/bench_locks.py (ARGS=--quick for a short run)
 #   make demo [PORT=8000]   the example project (Ctrl-C stops everything)
 #   make hooks              install pre-commit and its git hook (optional)
-#   make ci                 what .ci/run runs: lint, type, test, docs-check, faults, topology, bench test, flavours, matrix, bench
+#   make ci                 what .ci/run runs: lint, type, test, docs-check, faults, topology, chaos, bench test, flavours, matrix, bench
 #
 # `make venv` creates .venv (PYTHON=... picks the interpreter) with the package in editable mode,
 # its celery/django-redis/prometheus/otel/tasks extras and the `dev` dependency group (pyproject.toml:
@@ -38,11 +39,14 @@ CODE := django_redislock tests example_project benchmarks
 # The matrix step of CI: the core of the suite in the oldest and newest environments.
 FLAVOUR_TESTS := tests/test_lock.py tests/test_waiting.py tests/test_aio.py tests/test_semaphore.py \
 	tests/test_hostile_values.py tests/test_decorators.py tests/faults/test_partitions.py
+# The chaos runs (issue 27): a CI step of their own, so test-faults / test-topology leave them out.
+CHAOS_TESTS := tests/faults/test_chaos.py tests/faults/test_chaos_topology.py
+NOT_CHAOS := $(addprefix --ignore=,$(CHAOS_TESTS))
 MATRIX_TESTS := tests/test_waiting.py tests/test_aio.py tests/test_semaphore.py tests/test_lock.py tests/test_decorators.py tests/test_operations.py \
 	tests/test_checks.py tests/faults/test_lock_faults.py tests/test_celery.py
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo-venv system-deps test test-fast test-slow test-faults test-topology test-bench test-flavours \
+.PHONY: help venv demo-venv system-deps test test-fast test-slow test-faults test-topology test-chaos test-bench test-flavours \
 	lint format type matrix bench \
 	demo clean-demo hooks docs docs-check ci ci-beyond
 
@@ -63,13 +67,18 @@ test: venv system-deps
 	$(PY) -m pytest -m "not topology and not bench and not faults" $(ARGS)
 
 test-faults: venv system-deps
-	$(PY) -m pytest -m faults $(ARGS)
+	$(PY) -m pytest -m faults $(NOT_CHAOS) $(ARGS)
 
 test-bench: venv system-deps
 	$(PY) -m pytest -m bench $(ARGS)
 
 test-topology: venv system-deps
-	$(PY) -m pytest -m topology $(ARGS)
+	$(PY) -m pytest -m topology $(NOT_CHAOS) $(ARGS)
+
+# Worker processes under lost replies, delays, resets, stalls and lossy Sentinel/Cluster failovers,
+# their histories checked afterwards (tests/history.py); xfail until the engine has issue 27's fix.
+test-chaos: venv system-deps
+	$(PY) -m pytest $(CHAOS_TESTS) $(ARGS)
 
 # The core of the suite again with the lock cache as new users configure it: no OPTIONS at all
 # (redis-py's own defaults), and Django's own RedisCache.
@@ -143,6 +152,7 @@ ci-beyond:
 	$(MAKE) docs-check
 	$(MAKE) test-faults ARGS="-q --durations=10"
 	$(MAKE) test-topology ARGS="-q --durations=10"
+	$(MAKE) test-chaos ARGS="-q -s -rxX --durations=10"
 	$(MAKE) test-bench ARGS="-q"
 	$(MAKE) test-flavours ARGS="-q"
 	REDISLOCK_TEST_CACHE=bare $(MAKE) matrix ARGS="-q $(MATRIX_TESTS)"
