@@ -11,14 +11,15 @@ them:
   ``with Lock(...)``;
 - tasks: ``await acquire()`` (blocking or not), ``async with``, and acquisitions cancelled by
   ``asyncio.timeout`` (``wait_for``-style, a few ms: during the first round trip or the wait),
-  some releases too;
+  some releases too (``--cancel 0``: none);
 - after an error (``LockBackendError``) or a cancellation the same thread or task tries again on
   the same object (up to ``--retries`` times): what users do, and what turns a lost reply into a
   hold its owner never heard of (``orphan`` in the checker).
 
-Critical sections are a few milliseconds, far below the lease (``--lease``, auto-renewed), so a
-hold never outlives its lease unless the lock was really lost. Every call is recorded before and
-after (``HistoryRecorder.call``); ``lock_outcome_resolved`` is recorded where the package sends it.
+Critical sections are a few milliseconds (3 %: under a second), far below the lease
+(``--lease``, auto-renewed), so a hold never outlives its lease unless the lock was really lost.
+Every call is recorded before and after (``HistoryRecorder.call``); ``lock_outcome_resolved`` is
+recorded where the package sends it.
 The worker stops when the stop file exists (each client finishes its cycle: releases what it
 holds) or after ``--max-seconds``, writes ``ev="exit"`` and exits 0; a client that raised
 anything unexpected writes ``ev="crash"`` and the worker exits 1.
@@ -85,9 +86,20 @@ class Context:
         self.deadline = time.monotonic() + opts.max_seconds
         self.stop_file = Path(opts.stop_file)
         self.crashed = False
+        self.async_vias: tuple[str, ...] = ("async-blocking", "async-nonblocking", "async-with")
+        if opts.cancel:
+            self.async_vias += ("async-cancel",)
 
     def stopping(self) -> bool:
         return time.monotonic() > self.deadline or self.stop_file.exists()
+
+
+def critical_section(ctx: Context, rng: random.Random) -> float:
+    """How long a hold works: mostly 2-20 ms; a share (``--long-holds``) 0.2-0.8 s — still far
+    below the lease, but long enough to be caught by a fault (a failover, a partition)."""
+    if rng.random() < ctx.opts.long_holds:
+        return rng.uniform(0.2, 0.8)
+    return rng.uniform(0.002, 0.02)
 
 
 def _crash(ctx: Context, exc: BaseException) -> None:
@@ -115,7 +127,7 @@ def _sync_cycle(ctx: Context, rng: random.Random, lock: Any, via: str) -> bool:
         try:
             with lock:
                 call.acquired(lock)
-                time.sleep(rng.uniform(0.002, 0.02))  # the critical section
+                time.sleep(critical_section(ctx, rng))
                 release = rec.call("release", lock, via=via, lost=lock.lost)
         except LockNotAcquiredError:
             call.done("not-acquired")
@@ -142,7 +154,7 @@ def _sync_cycle(ctx: Context, rng: random.Random, lock: Any, via: str) -> bool:
         call.done("not-acquired")
         return False
     call.acquired(lock)
-    time.sleep(rng.uniform(0.002, 0.02))
+    time.sleep(critical_section(ctx, rng))
     release = rec.call("release", lock, via=via, lost=lock.lost)
     try:
         lock.release()
@@ -219,7 +231,7 @@ async def _async_cycle(ctx: Context, rng: random.Random, lock: Any, via: str) ->
         try:
             async with lock:
                 call.acquired(lock)
-                await asyncio.sleep(rng.uniform(0.002, 0.02))
+                await asyncio.sleep(critical_section(ctx, rng))
                 release = rec.call("release", lock, via=via, lost=lock.lost)
         except LockNotAcquiredError:
             call.done("not-acquired")
@@ -253,7 +265,7 @@ async def _async_cycle(ctx: Context, rng: random.Random, lock: Any, via: str) ->
         call.done("not-acquired")
         return "done"
     call.acquired(lock)
-    await asyncio.sleep(rng.uniform(0.002, 0.02))
+    await asyncio.sleep(critical_section(ctx, rng))
     release = rec.call("release", lock, via=via, lost=lock.lost)
     try:
         if via == "async-cancel" and rng.random() < 0.3:
@@ -281,7 +293,7 @@ async def async_client(ctx: Context, index: int) -> None:
     try:
         while not ctx.stopping():
             name = rng.choice(ctx.names)
-            via = rng.choice(("async-blocking", "async-nonblocking", "async-with", "async-cancel"))
+            via = rng.choice(ctx.async_vias)
             lock = AsyncLock(
                 name, timeout=opts.lease, blocking_timeout=rng.uniform(0.05, opts.max_wait)
             )
@@ -346,6 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-wait", type=float, default=1.5, help="longest blocking_timeout")
     parser.add_argument("--retries", type=int, default=2)
     parser.add_argument("--seed", default="0")
+    parser.add_argument("--long-holds", type=float, default=0.03, help="share of long holds")
+    parser.add_argument(
+        "--cancel",
+        type=int,
+        default=1,
+        help="1: tasks also cancel acquisitions and releases (asyncio.timeout); 0: never",
+    )
     parser.add_argument("--max-seconds", type=float, default=120.0)
     opts = parser.parse_args(argv)
 

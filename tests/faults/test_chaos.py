@@ -188,6 +188,43 @@ def test_proxy_loses_replies_at_random_with_a_seed_until_forward(proxied_redis) 
     assert proxy.replies_lost == 2 * sum(first)
 
 
+# -- the harness on a quiet run -------------------------------------------------------------------
+
+
+def test_the_checker_finds_nothing_where_no_promise_is_at_stake(
+    tmp_path, redis_processes, tcp_proxy
+) -> None:
+    """The control experiment, which passes on the current engine too: the same workers
+    through the proxy with latency only (up to 60 ms each way, far below the 0.5 s socket
+    timeout) and no cancellations — nothing that makes an outcome unknown. The checker must find
+    no violation in a thousand and more events: what it finds in the chaos runs is the
+    engine's, not the harness's."""
+    server = redis_processes(name="quiet")
+    proxy = tcp_proxy(server.port)
+    cache = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": f"{proxy.url}/0",
+        "OPTIONS": {"SOCKET_TIMEOUT": 0.5, "SOCKET_CONNECT_TIMEOUT": 0.5},
+    }
+    histories = tmp_path / "histories"
+    with running(
+        histories, 2, cache=cache, names="a,b", threads=2, tasks=2, lease=LEASE, cancel=0
+    ) as workers:
+        for delay in (0.0, 0.01, 0.06, 0.0):
+            proxy.delay(delay)
+            time.sleep(1.5)
+        codes = workers.stop()
+    report = check_history(
+        load_history(histories),
+        leftovers=read_leftovers([server.client()], NS),
+        checked_at=time.monotonic(),
+    )
+    report_line("quiet run (latency only, no cancellation)", report)
+    assert codes == [0, 0]
+    assert report.holds > 50 and report.unknown == 0 and report.cancelled == 0
+    assert report.ok, report.details()
+
+
 # -- one deterministic test per mechanism --------------------------------------------------------
 
 
