@@ -2,6 +2,30 @@
 
 The key template is compiled and every option validated when the function is decorated, so a
 typo or a hostile value fails at import time, not at the first call in production.
+
+Generator and async generator functions (issue 27) hold the lock while their body runs, not
+while the call that merely creates the generator runs (which would protect nothing):
+
+- the lock is taken at the first ``next()`` / ``anext()`` — when the body starts — and released
+  when the generator is exhausted, closed (``close()`` / ``aclose()``), raises, or is garbage
+  collected (Python closes a collected generator; asyncio closes a collected async generator in
+  a task of its own, and ``asyncio.run`` closes the ones left at its end). A generator kept
+  referenced and never finished keeps its lock, renewed, like a function that never returns;
+- async generators use :class:`~django_redislock.AsyncLock` (waiting does not block the loop);
+- the lock's owner is fixed at the first ``next()``: the (process, thread) — or (process, task)
+  — that started the body. Whoever finishes the generator (a streaming response iterated from
+  another thread, the collector, asyncio's finalizer task) then releases the same hold. As for
+  plain calls, re-entrancy is per that owner: the body may call other functions locked on the
+  same key without deadlocking, and two generators on one key interleaved by one thread (or
+  task) both run — exclusion is between threads, tasks and processes;
+- ``on_busy="raise"`` raises at the first ``next()``; ``"skip"`` ends the generator at once
+  (nothing yielded); a callable's return value is what the generator yields instead of the
+  body's items: an iterable (another generator function makes a fallback stream), for async
+  generators also an async iterable or an awaitable of one, or ``None`` for nothing. A ``str`` or
+  ``bytes`` is refused (``TypeError``): a stream of single characters is never what was meant.
+
+Refusing generators at decoration was the alternative; holding is what people decorating a
+streaming export or a batch iterator mean.
 """
 
 from __future__ import annotations
@@ -10,13 +34,14 @@ import contextlib
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Generator, Iterable, Iterator
 from typing import Any, Literal, Protocol, TypeVar, cast
 
 from django_redislock import stats
 from django_redislock.aio import AsyncLock
 from django_redislock.conf import MIN_LEASE, check_seconds
 from django_redislock.exceptions import LockError, LockNotAcquiredError
+from django_redislock.holds import async_owner, thread_owner
 from django_redislock.lock import Lock
 from django_redislock.naming import KeySpec, compile_key
 from django_redislock.semaphore import AsyncSemaphore, Semaphore, check_permits
@@ -128,6 +153,11 @@ def distributed_lock(
     Statistics: a busy lock with ``on_busy="raise"`` is a failed acquisition; a skip, or an
     ``on_busy`` callable that returns, is ``skipped`` (working as intended: not an attempt, so
     not in the success rate); an ``on_busy`` callable that raises is a failed acquisition.
+
+    Generator and async generator functions hold the lock from their first ``next()`` until
+    they are exhausted, closed, raise or are collected; when busy, ``"skip"`` yields nothing
+    and a callable's return value (an iterable, or ``None``) is yielded instead of the body's
+    items. The module docstring has the details and the reasons.
     """
     handler = _busy_handler(on_busy)
     check_seconds(timeout, "timeout", minimum=MIN_LEASE, allow_none=True)
@@ -196,6 +226,73 @@ def distributed_lock(
             stats.record(using, stats_name, "skipped")
             return result
 
+        if inspect.isasyncgenfunction(func):
+
+            @functools.wraps(func)
+            async def async_generator_wrapper(
+                *args: Any, **kwargs: Any
+            ) -> AsyncGenerator[Any, Any]:
+                # Runs at the first anext(): the body's start. The owner is this task, fixed
+                # now, because asyncio closes a collected generator in a task of its own.
+                lock = async_kind(
+                    name_of(*args, **kwargs), stats_name=stats_name, owner=async_owner(), **options
+                )
+                with _adapted_errors(args):
+                    held = await lock.acquire()
+                    if held:
+                        context: contextlib.AbstractAsyncContextManager[Any] = _Held(lock)
+                    else:
+                        items = _async_items(await abusy(args, kwargs, lock.name), func)
+                        context = contextlib.nullcontext()
+                    async with context:
+                        if held:  # inside the hold: a call that raises still releases
+                            items = func(*args, **kwargs)
+                        # `yield from` for async generators: values, asend, athrow and aclose
+                        # reach the body, which is closed however this generator ends.
+                        try:
+                            item = await items.__anext__()
+                            while True:
+                                try:
+                                    sent = yield item
+                                except GeneratorExit:
+                                    raise
+                                except BaseException as exc:
+                                    item = await items.athrow(exc)
+                                else:
+                                    item = await items.asend(sent)
+                        except StopAsyncIteration:
+                            return
+                        finally:
+                            await items.aclose()
+
+            async_generator_wrapper.lock_name = name_of  # type: ignore[attr-defined]
+            return cast(F, async_generator_wrapper)
+
+        if inspect.isgeneratorfunction(func):
+            if inspect.iscoroutinefunction(on_busy) or inspect.isasyncgenfunction(on_busy):
+                raise TypeError(
+                    f"on_busy={on_busy!r} is asynchronous, but {func.__qualname__} is a "
+                    "(synchronous) generator function: give a function returning the items to "
+                    "yield instead, or None."
+                )
+
+            @functools.wraps(func)
+            def generator_wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+                # Runs at the first next(): the body's start. The owner is this thread, fixed
+                # now, so that whoever finishes the generator (another thread, the collector)
+                # releases this hold.
+                lock = sync_kind(
+                    name_of(*args, **kwargs), stats_name=stats_name, owner=thread_owner(), **options
+                )
+                with _adapted_errors(args):
+                    if not lock.acquire():
+                        return (yield from _items(busy(args, kwargs, lock.name), func))
+                    with _Held(lock):
+                        return (yield from func(*args, **kwargs))
+
+            generator_wrapper.lock_name = name_of  # type: ignore[attr-defined]
+            return cast(F, generator_wrapper)
+
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)
@@ -223,6 +320,48 @@ def distributed_lock(
         return cast(F, wrapper)
 
     return decorate
+
+
+def _check_items(result: object, func: Callable[..., Any]) -> None:
+    if isinstance(result, (str, bytes, bytearray)):
+        raise TypeError(
+            f"on_busy of generator function {func.__qualname__} returned {result!r}: return an "
+            "iterable of the items to yield instead (e.g. a list), or None for none."
+        )
+
+
+def _items(result: object, func: Callable[..., Any]) -> Iterator[Any]:
+    """What a busy generator yields: ``on_busy``'s return value (``None``: nothing)."""
+    if result is None:
+        return iter(())
+    _check_items(result, func)
+    try:
+        return iter(result)  # type: ignore[call-overload,no-any-return]
+    except TypeError:
+        raise TypeError(
+            f"on_busy of generator function {func.__qualname__} returned {result!r}, which is "
+            "not iterable: return the items to yield instead, or None for none."
+        ) from None
+
+
+def _async_items(result: object, func: Callable[..., Any]) -> AsyncGenerator[Any, Any]:
+    """What a busy async generator yields: ``on_busy``'s (awaited) return value as an async
+    generator — itself when it is one, so ``asend``/``athrow`` reach it."""
+    if inspect.isasyncgen(result):
+        return result
+    if isinstance(result, AsyncIterable):
+        return _relay_async(result)
+    return _relay(_items(result, func))
+
+
+async def _relay_async(items: AsyncIterable[Any]) -> AsyncGenerator[Any, None]:
+    async for item in items:
+        yield item
+
+
+async def _relay(items: Iterable[Any]) -> AsyncGenerator[Any, None]:
+    for item in items:
+        yield item
 
 
 class _Held:

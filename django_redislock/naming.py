@@ -26,9 +26,27 @@ KeySpec = str | Callable[..., str] | None
 
 
 def template_fields(template: str) -> list[str]:
-    """The root names a ``str.format`` template refers to (``"{options[x]}"`` -> ``options``)."""
-    roots = []
-    for _, field, _, conversion in string.Formatter().parse(template):
+    """The root names a ``str.format`` template refers to (``"{options[x]}"`` -> ``options``).
+
+    Fields nested in a format spec count too (``"{x:>{width}}"`` -> ``x``, ``width``):
+    ``str.format`` fills them from the same arguments, so a typo there must fail at decoration
+    like any other field (issue 27). ``str.format`` allows one level of nesting; a template
+    nested deeper, a positional field (``{}``, ``{0}``), an unknown conversion or a malformed
+    template raises ``ValueError`` naming the template, instead of failing at every call.
+    """
+    roots: list[str] = []
+    _collect_fields(template, template, roots, nested=False)
+    return roots
+
+
+def _collect_fields(text: str, template: str, roots: list[str], *, nested: bool) -> None:
+    try:
+        parsed = list(string.Formatter().parse(text))
+    except ValueError as exc:
+        raise ValueError(
+            f"Lock key template {template!r} is not a valid str.format template: {exc}."
+        ) from None
+    for _, field, spec, conversion in parsed:
         if field is None:
             continue
         if conversion not in (None, "r", "s", "a"):
@@ -43,7 +61,14 @@ def template_fields(template: str) -> list[str]:
                 "parameter instead, e.g. '{invoice_id}'."
             )
         roots.append(root)
-    return roots
+        if spec and "{" in spec:
+            if nested:
+                raise ValueError(
+                    f"Lock key template {template!r} has a field nested in the format spec of "
+                    f"{{{field}}}, which is itself nested in a format spec; str.format allows "
+                    "one level of nesting."
+                )
+            _collect_fields(spec, template, roots, nested=True)
 
 
 def compile_key(
@@ -74,7 +99,7 @@ def compile_key(
         raise TypeError(f"Lock key must be a str template, a callable or None, not {key!r}")
     signature = inspect.signature(func)
     params = set(signature.parameters) - set(skip)
-    unknown = [f for f in template_fields(key) if f not in params]
+    unknown = [f for f in dict.fromkeys(template_fields(key)) if f not in params]
     if unknown:
         raise ValueError(
             f"Lock key template {key!r} names {', '.join(repr(u) for u in unknown)}, which "

@@ -46,7 +46,13 @@ SLOW_FIXTURES = frozenset(
 #: Tests that build multi-process topologies (Redis Cluster, Sentinel, independent masters): CI
 #: runs them as a step of their own (`make test-topology`), so `make test` stays under 10 minutes.
 TOPOLOGY_FILES = frozenset(
-    {"test_cluster.py", "test_sentinel.py", "test_redlock.py", "test_harness.py"}
+    {
+        "test_cluster.py",
+        "test_sentinel.py",
+        "test_redlock.py",
+        "test_harness.py",
+        "test_chaos_topology.py",
+    }
 )
 
 

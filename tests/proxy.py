@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import random
 import selectors
 import socket
 import struct
@@ -59,6 +60,7 @@ class ProxyStats:
     closed_by_proxy: int
     bytes_up: int
     bytes_down: int
+    replies_lost: int = 0  # replies swallowed by lose_replies / lose_next_reply
 
 
 @dataclass
@@ -91,6 +93,8 @@ class _Conn:
         self.down = _Pipe()
         self.closed = False
         self.events: dict[socket.socket, int] = {}
+        # The next reply on this connection is swallowed and the connection reset (lost reply).
+        self.doomed = False
 
     def sockets(self) -> list[socket.socket]:
         return [s for s in (self.client, self.upstream) if s is not None]
@@ -106,7 +110,10 @@ class TcpProxy:
     - ``drop(reset=False)`` — close every connection now and close new ones on accept;
     - ``delay(seconds)`` — add ``seconds`` of latency to each direction.
 
-    ``close_connections()`` is a one-shot drop that keeps the current mode.
+    ``close_connections()`` is a one-shot drop that keeps the current mode. On top of any mode,
+    ``lose_replies(p, seed=...)`` loses each reply with probability ``p`` and
+    ``lose_next_reply(count, match=...)`` loses the next ones deterministically (see the module
+    docstring); ``forward()`` ends both.
     """
 
     def __init__(
@@ -139,6 +146,13 @@ class TcpProxy:
         self._hold = {UP: False, DOWN: False}
         self._before_blackhole: tuple[str, float] = (PASS, 0.0)
         self._reset_on_drop = False
+        # Lost replies (an overlay on any mode; see lose_replies / lose_next_reply).
+        self._lose_p = 0.0
+        self._lose_rng = random.Random(0)
+        self._lose_next = 0
+        self._lose_match: bytes | None = None
+        self._lose_reset = True
+        self._replies_lost = 0
         # Counters (ints written by the loop thread only; reads from other threads are safe).
         self._accepted = 0
         self._closed_by_proxy = 0
@@ -171,6 +185,16 @@ class TcpProxy:
         return self._mode
 
     @property
+    def replies_lost(self) -> int:
+        """Replies swallowed so far (an int written by the loop thread: safe to read)."""
+        return self._replies_lost
+
+    @property
+    def losing(self) -> float:
+        """The probability ``lose_replies`` set (0.0 when off)."""
+        return self._lose_p
+
+    @property
     def stats(self) -> ProxyStats:
         """Counters taken between two loop steps (bytes a client has read are counted)."""
         snapshot: list[ProxyStats] = []
@@ -183,6 +207,7 @@ class TcpProxy:
                     closed_by_proxy=self._closed_by_proxy,
                     bytes_up=self._bytes[UP],
                     bytes_down=self._bytes[DOWN],
+                    replies_lost=self._replies_lost,
                 )
             )
 
@@ -235,12 +260,52 @@ class TcpProxy:
         self.stop()
 
     def forward(self) -> None:
-        """Pass traffic both ways with no added latency; held data is delivered now."""
+        """Pass traffic both ways with no added latency and lose no more replies; held data is
+        delivered now (a connection already doomed still loses its reply)."""
 
         def apply() -> None:
             self._mode, self._latency = PASS, 0.0
             self._hold = {UP: False, DOWN: False}
             self._timers.clear()
+            self._lose_p, self._lose_next, self._lose_match = 0.0, 0, None
+
+        self._call(apply)
+
+    def lose_replies(
+        self, probability: float, *, seed: int | None = None, reset: bool = True
+    ) -> None:
+        """From now on, lose the reply to each request with ``probability`` (0 switches off).
+
+        The request is forwarded and runs on the server; its reply is swallowed and the client's
+        connection reset (``reset=False``: closed with FIN, the client reads end-of-stream).
+        ``seed`` reseeds the proxy's own ``random.Random`` (default: keep its state, seeded 0
+        at construction), so a chaos run can be replayed. Stays on until ``forward()``.
+        """
+        if not 0.0 <= probability <= 1.0:
+            raise ValueError(f"probability must be between 0 and 1, not {probability!r}")
+
+        def apply() -> None:
+            self._lose_p = float(probability)
+            self._lose_reset = reset
+            if seed is not None:
+                self._lose_rng.seed(seed)
+
+        self._call(apply)
+
+    def lose_next_reply(
+        self, count: int = 1, *, match: bytes | str | None = None, reset: bool = True
+    ) -> None:
+        """Lose the replies to the next ``count`` requests (those containing ``match``, if given:
+        e.g. ``b"EVALSHA"`` to spare a ``PING``), whatever the connection. Deterministic: the
+        request reaches the server before its connection is reset. ``replies_lost`` counts them.
+        """
+        if count < 0:
+            raise ValueError("count must be >= 0")
+        needle = match.encode() if isinstance(match, str) else match
+
+        def apply() -> None:
+            self._lose_next, self._lose_match = count, needle
+            self._lose_reset = reset
 
         self._call(apply)
 
@@ -529,7 +594,22 @@ class TcpProxy:
         if not data:
             pipe.eof = True
             return
+        if direction == DOWN and conn.doomed:
+            # The reply to a request that reached the server: swallow it, cut the connection.
+            self._replies_lost += 1
+            self._close(conn, reset=self._lose_reset, by_proxy=True)
+            return
         pipe.push(time.monotonic() + self._latency, data)
+        if direction == UP and not conn.doomed:
+            self._maybe_doom(conn, data)
+
+    def _maybe_doom(self, conn: _Conn, request: bytes) -> None:
+        """Decide whether the reply to ``request`` (just read from the client) is lost."""
+        if self._lose_next > 0 and (self._lose_match is None or self._lose_match in request):
+            self._lose_next -= 1
+            conn.doomed = True
+        elif self._lose_p > 0.0 and self._lose_rng.random() < self._lose_p:
+            conn.doomed = True
 
     def _flush_ready(self) -> None:
         """Write every chunk whose release time has come; close connections whose side ended."""

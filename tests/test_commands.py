@@ -535,3 +535,97 @@ def test_a_locked_command_with_two_permits_runs_twice_at_once_not_thrice():
     for thread in threads:
         thread.join(10)
     assert [o.count("started") for o in outputs] == [1, 1]
+
+
+# -- hostile text: control characters in names and holder fields --------------------------------
+
+EVIL_NAME = "evil\nforged:1\ttoken=9\r\x07\\end"
+EVIL_THREAD = "worker\tforged\nline"
+EVIL_TASK = "task\n2"
+
+
+def hold_in_named_thread(name: str, thread_name: str, task_id: str | None = None) -> Lock:
+    """Take ``name`` from a thread called ``thread_name`` (the holder's ``thread`` field)."""
+    lock = Lock(name, timeout=30, auto_renew=False, owner="evil-owner", task_id=task_id)
+    taken = threading.Thread(target=lock.acquire, name=thread_name)
+    taken.start()
+    taken.join(10)
+    assert lock.locked()
+    return lock
+
+
+def test_list_escapes_control_characters_in_names_threads_and_task_ids():
+    hold_in_named_thread(EVIL_NAME, EVIL_THREAD, task_id=EVIL_TASK)
+    with Lock("plain"):
+        out = run("redislock", "list", "--sort", "name")
+    lines = out.splitlines()
+    assert len(lines) == 2, lines  # one line per lock: no forged line
+    [evil] = [line for line in lines if line.startswith("evil")]
+    [plain] = [line for line in lines if line.startswith("plain\t")]
+    columns = evil.split("\t")
+    assert len(columns) == len(plain.split("\t")) == 5  # no forged column
+    assert columns[0] == "evil\\nforged:1\\ttoken=9\\r\\x07\\\\end"
+    assert columns[4].endswith(":worker\\tforged\\nline task=task\\n2")
+
+
+def test_escaped_text_is_unambiguous_and_printable_text_is_left_alone():
+    """A backslash is escaped too: a name spelling ``\\n`` never prints like a newline."""
+    for name in ("a\\nb", "a\nb", "caf\u00e9 \u6f22", "rtl\u202eexe.txt", "sep\u2028x"):
+        Lock(name, timeout=30, auto_renew=False).acquire()
+    names = [line.split("\t")[0] for line in run("redislock", "list").splitlines()]
+    assert sorted(names) == [
+        "a\\\\nb",
+        "a\\nb",
+        "caf\u00e9 \u6f22",
+        "rtl\\u202eexe.txt",
+        "sep\\u2028x",
+    ]
+
+
+def test_list_json_keeps_hostile_text_exact():
+    hold_in_named_thread(EVIL_NAME, EVIL_THREAD, task_id=EVIL_TASK)
+    [line] = run("redislock", "list", "--json").splitlines()
+    obj = json.loads(line)
+    assert (obj["name"], obj["thread"], obj["task_id"]) == (EVIL_NAME, EVIL_THREAD, EVIL_TASK)
+
+
+def test_list_json_is_one_line_per_lock_for_every_line_splitter():
+    """``str.splitlines`` also breaks at U+0085, U+2028 and U+2029, which JSON may leave raw."""
+    name = "sep\u2028a\u2029b\x85c"
+    Lock(name, timeout=30, auto_renew=False).acquire()
+    [line] = run("redislock", "list", "--json").splitlines()
+    assert json.loads(line)["name"] == name
+
+
+def test_release_escapes_the_holder_it_reports():
+    hold_in_named_thread(EVIL_NAME, EVIL_THREAD)
+    out = run("redislock", "release", EVIL_NAME)
+    [line] = out.splitlines()
+    assert line.startswith(f"Released lock {EVIL_NAME!r} (was held by ")
+    assert " thread worker\\tforged\\nline, fencing token " in line
+    assert get_lock_info(EVIL_NAME) is None
+
+
+def test_stats_text_escapes_control_characters_in_names():
+    stats.connect_receivers()
+    with Lock("stats\nforged\tline", stats_name="stats\nforged\tline"):
+        pass
+    out = run("redislock", "stats")
+    [line] = [row for row in out.splitlines() if row.startswith("stats\\nforged")]
+    assert line.startswith("stats\\nforged\\tline\tacquired=1\t")
+    [obj] = [
+        o
+        for o in map(json.loads, run("redislock", "stats", "--json").splitlines())
+        if o["name"].startswith("stats\n")
+    ]
+    assert obj["name"] == "stats\nforged\tline"
+
+
+def test_run_skip_escapes_the_holder_it_reports():
+    hold_in_named_thread("cron\nforged", EVIL_THREAD)
+    out = run(
+        "redislock", "run", "--name", "cron\nforged", "--skip", "--", sys.executable, "-c", ""
+    )
+    [line] = out.splitlines()
+    assert line.startswith("Skipped: lock 'cron\\nforged' is busy (held by ")
+    assert " thread worker\\tforged\\nline, " in line

@@ -1,4 +1,4 @@
-"""``manage.py redislock``: inspect and force-release locks from a shell or a cron job.
+r"""``manage.py redislock``: inspect and force-release locks from a shell or a cron job.
 
 Subcommands::
 
@@ -21,6 +21,18 @@ logger instead.
 Every failure ends the command with one line on stderr and a non-zero exit (Redis unreachable:
 which cache, where, what to check), never a traceback.
 
+Text output is one line per lock and tab-separated, and lock names, thread names, host names and
+task ids are anybody's text: a name with a newline or a tab would forge lines and columns (issue
+27). So every text field is printed escaped: characters that are not printable (``\n``, ``\t``,
+``\r``, ``\x07``, Unicode separators and format characters such as ``\u2028`` or the bidi
+override ``\u202e``) as ``repr`` writes them, without quotes, and a backslash as ``\\``: every
+escape starts with a backslash and no backslash is printed bare, so the output is unambiguous
+(two different names never print alike). Printable text, including non-ASCII letters, is left as
+it is. ``--json`` output is exact: JSON escapes control characters itself, and the three
+characters it may leave raw that ``str.splitlines`` still takes for line breaks (``\x85``,
+``\u2028``, ``\u2029``) are written as ``\u`` escapes, which decode to the same text. Use
+``--json`` when names must round-trip.
+
 ``run`` runs any command as a single instance across hosts (:mod:`django_redislock.management.run`):
 it exits with the command's status, 0 when busy with ``--skip``, 1 when busy otherwise (or when
 ``--wait`` ran out), 75 when the lease was lost or Redis stayed unreachable and the command was
@@ -29,6 +41,7 @@ stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from argparse import ArgumentParser, Namespace
@@ -278,7 +291,7 @@ class Command(BaseCommand):
                 if as_json:
                     self.stdout.write(_dumps(_json_fields(info)))
                 else:
-                    self.stdout.write(_text_line(info))
+                    self.stdout.write(_text_line(_escaped(info)))
             if not page.has_next:
                 break
             cursor = page.next_cursor
@@ -301,7 +314,7 @@ class Command(BaseCommand):
                 f"not {token} (it changed hands since that token was read)."
             )
         for info in released:
-            holder = describe_holder(info)
+            holder = describe_holder(_escaped(info))
             logger.warning(
                 "django_redislock: lock %r force-released from the command line (was held by %s).",
                 name,
@@ -345,7 +358,7 @@ class Command(BaseCommand):
             else:
                 rate = "-" if row.success_rate is None else f"{row.success_rate:.1%}"
                 self.stdout.write(
-                    f"{row.name}\tacquired={row.acquired}\tcontended={row.contended}\t"
+                    f"{escape(row.name)}\tacquired={row.acquired}\tcontended={row.contended}\t"
                     f"failed={row.failed}\tlost={row.lost}\tforce_released={row.force_released}"
                     f"\tsuccess={rate}\tmean_wait={_seconds(row.mean_wait)}\t"
                     f"mean_hold={_seconds(row.mean_hold)}"
@@ -443,7 +456,7 @@ class Command(BaseCommand):
         if acquired:
             return True
         info = get_lock_info(lease.name, using=using)
-        holder = f" (held by {describe_holder(info)})" if info is not None else ""
+        holder = f" (held by {describe_holder(_escaped(info))})" if info is not None else ""
         if skip:
             if verbosity >= 1:
                 self.stdout.write(
@@ -470,8 +483,43 @@ class Command(BaseCommand):
             return True
 
 
+#: Line breaks to ``str.splitlines`` that ``json.dumps(ensure_ascii=False)`` leaves raw.
+_JSON_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def _dumps(data: dict[str, Any]) -> str:
-    return json.dumps(data, ensure_ascii=False, sort_keys=False)
+    """One JSON object on one line, whoever splits the lines.
+
+    Outside strings JSON text has none of these characters, so replacing them by their escape
+    changes no value.
+    """
+    return json.dumps(data, ensure_ascii=False, sort_keys=False).translate(_JSON_LINE_BREAKS)
+
+
+def escape(text: str) -> str:
+    r"""``text`` as one unambiguous line: non-printable characters as ``repr`` escapes them
+    (``\n``, ``\t``, ``\x07``, ``\u2028`` ...), a backslash as ``\\``; no quotes added.
+
+    Why not ``repr(text)[1:-1]``: it would also escape quotes, depending on which quote ``repr``
+    chose, and leave a reader guessing which one it was.
+    """
+    if text.isprintable() and "\\" not in text:
+        return text  # the common case, in one pass
+    return "".join(
+        "\\\\" if ch == "\\" else ch if ch.isprintable() else repr(ch)[1:-1] for ch in text
+    )
+
+
+def _escaped(info: LockInfo) -> LockInfo:
+    """``info`` with its free-text fields escaped for a line of text (see :func:`escape`)."""
+    return dataclasses.replace(
+        info,
+        name=escape(info.name),
+        owner=escape(info.owner),
+        host=escape(info.host),
+        thread=escape(info.thread),
+        task_id=None if info.task_id is None else escape(info.task_id),
+    )
 
 
 def _text_line(info: LockInfo) -> str:
