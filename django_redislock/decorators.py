@@ -30,6 +30,7 @@ streaming export or a batch iterator mean.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import inspect
@@ -41,9 +42,9 @@ from django_redislock import stats
 from django_redislock.aio import AsyncLock
 from django_redislock.conf import MIN_LEASE, check_seconds
 from django_redislock.exceptions import LockError, LockNotAcquiredError
-from django_redislock.holds import async_owner, thread_owner
 from django_redislock.lock import Lock
 from django_redislock.naming import KeySpec, compile_key
+from django_redislock.runtime import runtime
 from django_redislock.semaphore import AsyncSemaphore, Semaphore, check_permits
 from django_redislock.validation import check_bool
 
@@ -235,7 +236,10 @@ def distributed_lock(
                 # Runs at the first anext(): the body's start. The owner is this task, fixed
                 # now, because asyncio closes a collected generator in a task of its own.
                 lock = async_kind(
-                    name_of(*args, **kwargs), stats_name=stats_name, owner=async_owner(), **options
+                    name_of(*args, **kwargs),
+                    stats_name=stats_name,
+                    owner=runtime.task_owner(asyncio.current_task()),
+                    **options,
                 )
                 with _adapted_errors(args):
                     held = await lock.acquire()
@@ -282,7 +286,10 @@ def distributed_lock(
                 # now, so that whoever finishes the generator (another thread, the collector)
                 # releases this hold.
                 lock = sync_kind(
-                    name_of(*args, **kwargs), stats_name=stats_name, owner=thread_owner(), **options
+                    name_of(*args, **kwargs),
+                    stats_name=stats_name,
+                    owner=runtime.thread_owner(),
+                    **options,
                 )
                 with _adapted_errors(args):
                     if not lock.acquire():

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import redis
 
+from django_redislock import LockOutcomeUnknown
 from tests.history import (
     KINDS,
     HistoryRecorder,
@@ -373,7 +374,15 @@ def test_the_recorder_writes_lines_that_load_back(tmp_path) -> None:
         with pytest.raises(RuntimeError):
             call.done("acquired")  # one line per call
         rec.call("release", lock, via="blocking", lost=False).done("released")
-        rec.call("acquire", lock).failed(redis.TimeoutError("Timeout reading from socket"))
+        rec.call("acquire", lock).failed(
+            LockOutcomeUnknown(
+                "TimeoutError: no reply",
+                name="a",
+                action="acquire",
+                attempt="p.1",
+                lease_ends_by=None,
+            )
+        )
         rec.write("exit", clean=True)
     with open(path, "a") as f:
         f.write('{"ev": "call", "pid"')  # a torn last line
@@ -383,6 +392,7 @@ def test_the_recorder_writes_lines_that_load_back(tmp_path) -> None:
     assert acquire["token"] == 42 and acquire["hold_count"] == 1 and acquire["client"] == "w0"
     assert acquire["start"] <= acquire["end"]
     assert events[2]["outcome"] == "unknown" and "TimeoutError" in events[2]["error"]
+    assert events[2]["attempt"] == "p.1"
     report = check_history(events)
     assert report.counts()["incomplete"] == 1 and report.counts()["unresolved"] == 1
     assert "torn line" in report.details()
@@ -437,3 +447,18 @@ def test_with_lock_outcome_unknown_only_it_is_unknown() -> None:
     )
     timeout = _wrapped(redis.TimeoutError("Timeout reading from socket"))
     assert classify_error(timeout, unknown_cls=OutcomeUnknown)[0] == "error"
+
+
+def test_an_unknown_outcome_of_a_client_killed_before_it_could_settle_it_is_no_violation():
+    """A SIGKILLed client may die before Redis answers again; its lease ends what the call may
+    have taken (the leftover check bounds its keys). A client that exits cleanly must settle."""
+    unknown = {
+        "ev": "call", "pid": 7, "client": "w", "thread": "t", "owner": "7-t", "name": "a",
+        "op": "acquire", "via": "blocking", "lease": 2.0, "start": 1.0, "end": 1.1,
+        "outcome": "unknown", "attempt": "x.1", "t": 1.1,
+    }  # fmt: skip
+    killed_soon = {"ev": "killed", "pid": 1, "victim": 7, "at": 1.5, "t": 1.5}
+    report = check_history([unknown, killed_soon])
+    assert report.counts()["unresolved"] == 0 and report.unknown_of_killed == 1
+    exited = {"ev": "exit", "pid": 7, "client": "w", "clean": True, "t": 3.0}
+    assert check_history([unknown, exited]).counts()["unresolved"] == 1
