@@ -228,11 +228,13 @@ class Face:
         self.kind.check_target(target)
         started = time.monotonic()
         waits = blocking and limit != 0
+        owner = self.owner
         plan = flow.Plan(
             kind=self.kind,
             target=target,
             name=self.name,
-            owner=self.owner,
+            owner=owner,
+            known=self._known(owner),
             attempt=runtime.new_attempt_id(),
             meta=runtime.metadata(self._task_id, queued=self._queued),
             lease=spec.lease,
@@ -243,6 +245,17 @@ class Face:
             queue=waits and target.listener.ready.is_set(),
         )
         return drivers.Attempt(plan=plan, loop=self._loop(), generation=target.listener.connections)
+
+    def _known(self, owner: str) -> str:
+        """What this process knows of ``owner``'s holds on this lock, for the acquire script:
+        an owner of this process (its threads', tasks', leaders') has no holds but those in the
+        hold table, so a record of it the table does not know is an orphan to replace, never a
+        hold to re-enter. An owner given by the caller may be shared with other processes
+        (a Celery flight id): its record is the truth ("")."""
+        if not owner.startswith(runtime.token + "-"):
+            return ""
+        hold = runtime.holds.get(self._ident(owner)) if self.kind.per_owner else None
+        return hold.attempts[0] if hold is not None and hold.attempts else "-"
 
     def _flow(self, attempt: drivers.Attempt) -> flow.Flow:
         if attempt.plan.target.quorum:

@@ -135,6 +135,9 @@ class Plan:
     deadline: float  # monotonic; inf: wait for ever
     #: Whether calls ask to queue when busy: once hand-offs can reach this process.
     queue: bool
+    #: What this process knows of the owner's holds (see ``lua/acquire.lua``): "" for an owner
+    #: shared between processes, "-" for none, else the attempt id of the hold it knows.
+    known: str = ""
     clock: Callable[[], float] = time.monotonic
     action: str = field(default="")
 
@@ -161,6 +164,7 @@ class Plan:
             lease=self.lease,
             queue=self.queue,
             entry_ms=self.entry_ms(),
+            known=self.known,
         )
         return self._replicated(script, keys, args, self.action)
 

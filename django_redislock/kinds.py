@@ -134,7 +134,9 @@ class LockKind:
         lease: float,
         queue: bool,
         entry_ms: int,
+        known: str = "",
     ) -> Call:
+        """``known``: see ``lua/acquire.lua`` (what this process knows of the owner's holds)."""
         keys = [*self._keys(target, name), target.keys.void(name, attempt)]
         args = [
             owner,
@@ -145,6 +147,7 @@ class LockKind:
             entry_ms,
             "0" if self.reentrant else "1",
             *target.wake_args(lease),
+            known,
         ]
         return scripts.ACQUIRE, keys, args
 
@@ -270,6 +273,7 @@ class SemaphoreKind:
         lease: float,
         queue: bool,
         entry_ms: int,
+        known: str = "",
     ) -> Call:
         keys = [*self._keys(target, name), target.keys.void(name, attempt)]
         args = [

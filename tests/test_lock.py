@@ -112,31 +112,6 @@ def test_acquire_and_release():
     assert lock.hold_count == 0
 
 
-def test_a_free_lock_is_taken_by_its_first_call_without_the_flow(monkeypatch):
-    """The drivers make an acquisition's first call themselves; the generator flow (queueing,
-    waiting, clean-up) only starts when that call did not take the lock."""
-    from django_redislock import engine
-
-    flows: list[str] = []
-    original = engine.LockBase._acquire_flow
-
-    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-        flows.append(self.name)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(engine.LockBase, "_acquire_flow", counted)
-    lock = Lock("first-call")
-    assert lock.acquire()
-    assert lock.acquire()  # re-entry: also the first call's answer
-    assert flows == []
-    assert in_thread(lambda: Lock("first-call").acquire(blocking=False)) is False
-    assert flows == ["first-call"]  # busy: the flow took the first call's reply from there
-    lock.release()
-    lock.release()
-    assert in_thread(lambda: Lock("first-call").acquire(blocking=False)) is True
-    assert flows == ["first-call"]
-
-
 def test_lock_value_is_json_with_holder_metadata(redis_client):
     with Lock("meta", timeout=5) as lock:
         raw = redis_client.get(lock_key("meta"))

@@ -17,6 +17,11 @@
 -- ARGV[8] wake channel prefix "<ns>:wake:" (channels are not keys: nothing outside the slot)
 -- ARGV[9] "1" when a hand-off is outright (see hand_off), else "0"
 -- ARGV[10] claim window of a hand-off, ms
+-- ARGV[11] what the caller knows of its holds: "" (an owner shared between processes: the
+--         record is the truth), "-" (this process holds nothing under this owner) or the
+--         attempt id of the hold it knows. A record of the owner that the caller does not know
+--         is an orphan of this very owner — an attempt it gave up on, whose clean-up has not
+--         run, or a queue entry a lossy failover brought back — and is replaced, never re-entered.
 --
 -- Returns {1, token, hold_count} when held (taken, re-entered, claimed, or already held by this
 -- attempt), {0, holder_pttl_ms, queued} when busy (queued: 1 when this attempt waits in the
@@ -54,8 +59,22 @@ if rec then
     redis.call('SET', KEYS[1], record(owner, rec.a, rec.t, rec.at, w, meta), 'PX', lease)
     return {1, tonumber(rec.t), rec.n}
   end
+  local known = ARGV[11]
+  if known ~= '' and (known == '-' or not has_attempt(rec.a, known) or rec.w) then
+    local token = next_token(KEYS[2])
+    redis.call('SET', KEYS[1], record(owner, attempt, token, server_ms(), nil, meta), 'PX',
+      tonumber(ARGV[2]))
+    return {1, tonumber(token), 1}
+  end
+  if rec.w then
+    -- Reserved for another attempt of a shared owner, not yet claimed: not a hold to nest in.
+    local pttl = redis.call('PTTL', KEYS[1])
+    if ARGV[5] ~= '1' then return {0, pttl, 0} end
+    enqueue(KEYS[3], KEYS[4], attempt, owner, lease, meta, tonumber(ARGV[6]), server_ms())
+    return {0, pttl, 1}
+  end
   if ARGV[7] == '1' then return {2, tonumber(rec.t), rec.n} end
-  redis.call('SET', KEYS[1], record(owner, rec.a .. ' ' .. attempt, rec.t, rec.at, rec.w, meta),
+  redis.call('SET', KEYS[1], record(owner, rec.a .. ' ' .. attempt, rec.t, rec.at, nil, meta),
     'PX', lease)
   return {1, tonumber(rec.t), rec.n + 1}
 end
