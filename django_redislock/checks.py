@@ -14,7 +14,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django_redislock.conf import DEFAULTS, validate_settings
 from django_redislock.connection import backend_kind, configured_socket_timeout
 
-__all__ = ["check_eviction_policy", "check_settings", "register_checks"]
+__all__ = ["check_cluster_client", "check_eviction_policy", "check_settings", "register_checks"]
 
 #: OPTIONS keys of Django's RedisCache that hold timeouts, as django-redis spells them.
 _UPPER_TIMEOUTS = ("SOCKET_TIMEOUT", "SOCKET_CONNECT_TIMEOUT")
@@ -25,6 +25,7 @@ def register_checks() -> None:
     """Called from ``AppConfig.ready``; registering twice is harmless (checks are a set)."""
     register(check_settings, Tags.caches)
     register(check_eviction_policy, Tags.caches, deploy=True)
+    register(check_cluster_client, Tags.caches, deploy=True)
 
 
 def _lock_aliases() -> list[str]:
@@ -130,6 +131,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     ]
     if isinstance(raw, dict) and raw.get("CLIENT"):
         messages += _client_messages(raw["CLIENT"])
+    if isinstance(raw, dict) and raw.get("TRANSPORT") == "lean":
+        messages.append(
+            Warning(
+                "REDISLOCK['TRANSPORT'] is 'lean', which this version does not have: scripts "
+                "go through redis-py's public API ('redis-py').",
+                hint="Remove REDISLOCK['TRANSPORT']. The redis-py transport costs no more than "
+                "the lean one did (see the docs: Performance).",
+                id="django_redislock.W004",
+            )
+        )
     caches = getattr(settings, "CACHES", {})
     for alias in _lock_aliases():
         if alias not in caches:
@@ -182,4 +193,39 @@ def check_eviction_policy(app_configs: Any = None, **kwargs: Any) -> list[CheckM
                 )
             )
             break
+    return messages
+
+
+def check_cluster_client(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Error when a lock cache points a plain client at a Redis Cluster node.
+
+    A plain client can send a lock's script to a cluster node, which then answers ``MOVED`` or
+    "Keys in request don't hash to the same slot" for every lock the node does not serve. Asks
+    the server (``INFO cluster``), so it is tagged ``deploy`` like the eviction check; the
+    first lock call names the same cause if the check was not run.
+    """
+    if check_settings():
+        return []
+    from django_redislock.connection import is_cluster
+    from django_redislock.runtime import get_client
+
+    messages: list[CheckMessage] = []
+    for alias in _lock_aliases():
+        try:
+            client = get_client(alias)
+            if is_cluster(client):
+                continue
+            enabled = int(client.info("cluster").get("cluster_enabled", 0))
+        except Exception:  # unreachable or INFO refused: nothing to say
+            continue
+        if enabled:
+            messages.append(
+                Error(
+                    f"CACHES[{alias!r}] points a plain Redis client at a Redis Cluster node: lock "
+                    "scripts would be refused for every name the node does not serve.",
+                    hint="Set REDISLOCK['CLIENT'] to the dotted path of a function returning a "
+                    "redis.cluster.RedisCluster (see the docs: Beyond one Redis).",
+                    id="django_redislock.E014",
+                )
+            )
     return messages

@@ -41,7 +41,13 @@ DEFAULTS: Mapping[str, Any] = {
     "CLIENT": None,
     "REPLICAS": 0,
     "REPLICAS_TIMEOUT": 1.0,
+    "TRANSPORT": "redis-py",
 }
+
+#: The transports this version has: how scripts reach Redis (see ``transport.py``). "lean"
+#: (redis-py internals, opt-in) is named by the contract; this version has none, so it falls
+#: back to "redis-py" with a warning (check W004).
+TRANSPORTS = ("redis-py",)
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,8 @@ class LockSettings:
     #: Replicas that must acknowledge an acquisition or renewal (``WAIT``), and for how long.
     replicas: int = 0
     replicas_timeout: float = 1.0
+    #: How scripts reach Redis (``TRANSPORTS``).
+    transport: str = "redis-py"
 
 
 def _is_number(value: object) -> bool:
@@ -191,6 +199,16 @@ def validate_settings(raw: object) -> list[tuple[str, str, str]]:
                 "None waits forever; 0 does not wait.",
             )
         )
+    transport = raw.get("TRANSPORT", DEFAULTS["TRANSPORT"])
+    if transport not in (*TRANSPORTS, "lean"):
+        problems.append(
+            (
+                "E015",
+                f"REDISLOCK['TRANSPORT'] must be one of {', '.join(map(repr, TRANSPORTS))}, not "
+                f"{transport!r}.",
+                "Leave it out for redis-py's public API (the default).",
+            )
+        )
     for key in ("AUTO_RENEW", "STATS"):
         if not isinstance(raw.get(key, DEFAULTS[key]), bool):
             problems.append(("E008", f"REDISLOCK['{key}'] must be True or False.", ""))
@@ -223,6 +241,7 @@ def get_settings() -> LockSettings:
         auto_renew=merged["AUTO_RENEW"],
         blocking_timeout=None if blocking is None else float(blocking),
         stats=merged["STATS"],
+        transport=merged["TRANSPORT"] if merged["TRANSPORT"] in TRANSPORTS else "redis-py",
     )
 
 

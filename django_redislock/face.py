@@ -248,11 +248,11 @@ class Face:
 
     def _known(self, owner: str) -> str:
         """What this process knows of ``owner``'s holds on this lock, for the acquire script:
-        an owner of this process (its threads', tasks', leaders') has no holds but those in the
-        hold table, so a record of it the table does not know is an orphan to replace, never a
-        hold to re-enter. An owner given by the caller may be shared with other processes
-        (a Celery flight id): its record is the truth ("")."""
-        if not owner.startswith(runtime.token + "-"):
+        the default owner (this thread or task) has no holds but those in the hold table, so a
+        record of it the table does not know is an orphan to replace, never a hold to re-enter.
+        An owner given by the caller may be shared with other processes (a Celery flight id)
+        or detached on purpose (a leader's lease): its record is the truth ("")."""
+        if self._owner is not None:
             return ""
         hold = runtime.holds.get(self._ident(owner)) if self.kind.per_owner else None
         return hold.attempts[0] if hold is not None and hold.attempts else "-"
@@ -604,11 +604,7 @@ class Face:
     def _release_failed_on_exit(self, exc: BaseException | None, err: LockError) -> None:
         if isinstance(err, LockNotOwnedError):
             self._lost_on_exit(exc, err)
-        elif isinstance(err, LockOutcomeUnknown):
-            # The block's work is done and the lock is freed either way (by the clean-up, or
-            # at the latest when its lease ends): say so, do not fail the work.
-            logger.warning("django_redislock: %s", err)
-        elif exc is None:
+        elif exc is None:  # LockOutcomeUnknown too: the release is finished in the background
             raise err
         else:  # keep the block's own exception
             logger.warning("django_redislock: could not release %r", self.name, exc_info=True)

@@ -468,7 +468,7 @@ class BackendProblem:
 def backend_problem(exc: LockBackendError, *, using: str | None = None) -> BackendProblem:
     """Describe a :class:`LockBackendError` for the cache ``using`` (default: the setting)."""
     alias = connection.resolve_alias(using)
-    cause = exc.__cause__
+    cause = _redis_cause(exc)
     unreachable = isinstance(cause, (redis_errors.ConnectionError, redis_errors.TimeoutError))
     detail = str(cause) if cause is not None else str(exc)
     return BackendProblem(
@@ -477,6 +477,18 @@ def backend_problem(exc: LockBackendError, *, using: str | None = None) -> Backe
         unreachable=unreachable,
         detail=" ".join(detail.split()).rstrip("."),
     )
+
+
+def _redis_cause(exc: BaseException) -> BaseException | None:
+    """The redis-py error behind ``exc`` (its cause, or its cause's cause, ...)."""
+    seen: set[int] = set()
+    cause = exc.__cause__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, redis_errors.RedisError):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return None
 
 
 def _masked_location(alias: str) -> str:

@@ -453,31 +453,25 @@ class Flight:
         return bool(self.run_lock is not None and not self.handed_over and self.run_lock.lost)
 
 
+def _run_options(rules: FlightRules, owner: str, flight_id: str) -> dict[str, Any]:
+    """The options of every run-time lock of a flight. A busy run is skipped or rescheduled
+    (task_skipped / task_rescheduled), not a failed acquisition: ``report_busy=False``."""
+    return {
+        "report_busy": False,
+        "timeout": rules.lease,
+        "auto_renew": True,
+        "using": rules.using,
+        "owner": owner,
+        "task_id": flight_id,
+        "stats_name": rules.stats_name,
+    }
+
+
 def _run_lock(rules: FlightRules, name: str, owner: str, flight_id: str) -> Lock | Semaphore:
-    # A busy run is skipped or rescheduled (task_skipped / task_rescheduled), not a failed
-    # acquisition.
+    options = _run_options(rules, owner, flight_id)
     if rules.permits > 1:
-        return Semaphore(
-            name,
-            rules.permits,
-            report_busy=False,
-            timeout=rules.lease,
-            auto_renew=True,
-            using=rules.using,
-            owner=owner,
-            task_id=flight_id,
-            stats_name=rules.stats_name,
-        )
-    return Lock(
-        name,
-        report_busy=False,
-        timeout=rules.lease,
-        auto_renew=True,
-        using=rules.using,
-        owner=owner,
-        task_id=flight_id,
-        stats_name=rules.stats_name,
-    )
+        return Semaphore(name, rules.permits, **options)
+    return Lock(name, **options)
 
 
 def _holder(rules: FlightRules, name: str) -> str | None:
@@ -505,16 +499,7 @@ def _enter_key(rules: FlightRules, flight: Flight, ticket: Ticket | None) -> Loc
     than the message accounts for (another delivery of this message is running).
     """
     key, flight_id = flight.key, flight.flight_id
-    lock = Lock(
-        key,
-        report_busy=False,
-        timeout=rules.lease,
-        auto_renew=True,
-        using=rules.using,
-        owner=flight_id,
-        task_id=flight_id,
-        stats_name=rules.stats_name,
-    )
+    lock = Lock(key, **_run_options(rules, flight_id, flight_id))
     if not lock.acquire(blocking=False):
         holder = _holder(rules, key)
         # Released in between: one more try, else busy.
@@ -523,6 +508,9 @@ def _enter_key(rules: FlightRules, flight: Flight, ticket: Ticket | None) -> Loc
     if lock.hold_count > _expected_holds(ticket, lock.fencing_token):
         _release_quietly(lock)
         raise Busy(key, flight_id, "already-running")
+    # The queued lease (lock_queue_timeout) becomes the running one: a re-entry never shortens
+    # a lease by itself (a nested lock must not cut its outer block short), so say it.
+    lock.renew()
     return lock
 
 

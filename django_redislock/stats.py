@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 import time
 from bisect import bisect_left
@@ -73,6 +72,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from django_redislock import tracing
+from django_redislock.runtime import runtime
 
 __all__ = [
     "BUCKETS",
@@ -484,8 +484,7 @@ def _after_fork_in_child() -> None:
     _dropped = 0
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+runtime.on_fork(_after_fork_in_child)
 
 
 @atexit.register

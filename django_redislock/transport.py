@@ -70,20 +70,21 @@ class NoReply(LockBackendError):
 def backend_error(exc: BaseException, action: str) -> LockBackendError:
     """The :class:`LockBackendError` a redis-py error while trying to ``action`` becomes (raise
     it ``from exc``); messages say only what is known, and what to check next."""
+    said = str(exc).rstrip(".")
     if connection.is_pool_exhausted(exc):
         return LockBackendError(
             f"No Redis connection was free while trying to {action}: the connection pool is "
-            f"exhausted ({exc}). Raise the pool's max_connections (CACHES OPTIONS) or use fewer "
+            f"exhausted ({said}). Raise the pool's max_connections (CACHES OPTIONS) or use fewer "
             "threads. Nothing was sent."
         )
     if isinstance(exc, redis_errors.BusyLoadingError):
         return LockBackendError(
-            f"Redis is loading its data set and refused to {action} ({exc}); try again shortly. "
+            f"Redis is loading its data set and refused to {action} ({said}); try again shortly. "
             "Nothing was changed."
         )
     if isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError)):
         return NoReply(
-            f"Redis did not answer while trying to {action}: {exc}. Check the CACHES LOCATION "
+            f"Redis did not answer while trying to {action}: {said}. Check the CACHES LOCATION "
             "and that the server is up."
         )
     if isinstance(exc, redis_errors.ResponseError):
@@ -95,13 +96,13 @@ def backend_error(exc: BaseException, action: str) -> LockBackendError:
                 "REDISLOCK['CLIENT'] to the dotted path of a function returning a "
                 "redis.cluster.RedisCluster."
             )
-        return LockBackendError(f"Redis answered an error while trying to {action}: {exc}")
+        return LockBackendError(f"Redis answered an error while trying to {action}: {said}.")
     if isinstance(exc, _cluster_exception()):
         return LockBackendError(
-            f"The Redis Cluster could not be reached while trying to {action}: {exc}. Check "
+            f"The Redis Cluster could not be reached while trying to {action}: {said}. Check "
             "the cluster's nodes and REDISLOCK['CLIENT']. Nothing was sent."
         )
-    return NoReply(f"Redis failed while trying to {action}: {exc}")
+    return NoReply(f"Redis failed while trying to {action}: {said}.")
 
 
 def _is_redis_error(exc: BaseException) -> bool:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The oldest and the newest supported combinations from tox.ini. Called by `make matrix`.
+# The oldest, a middle and the newest supported combinations from tox.ini. Called by `make matrix`.
 #
 #   make matrix [ARGS="pytest args"]     default: the whole suite in each env
 #   MATRIX_ENVS="py311-dj52-celerylatest-redis6 ..." make matrix    other envs from tox.ini
@@ -16,8 +16,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${VENV:-.venv}
 
 OLDEST=py310-dj42-celery54-redis5
+# redis-py 7: between the oldest (5.3) and newest (8.x) majors, whose APIs the package uses.
+MIDDLE=py311-dj52-celerylatest-redis7
 NEWEST=py313-dj60-celerylatest-redislatest
-ENVS=${MATRIX_ENVS:-"$OLDEST $NEWEST"}
+ENVS=${MATRIX_ENVS:-"$OLDEST $MIDDLE $NEWEST"}
 
 # Make python3.X resolvable for tox: pyenv's shims only run the globally selected version.
 python_dir() {

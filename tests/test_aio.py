@@ -513,3 +513,48 @@ def test_a_task_hands_over_to_a_task_of_its_loop_without_a_message(redis_client)
     got, released = asyncio.run(main())
     assert len(got) == 3 and got[0] - released < 0.5
     assert hand_off_messages(spy) == []
+
+
+def test_wait_for_around_acquire_then_release_from_the_caller():
+    """``await asyncio.wait_for(lock.acquire(), 5)`` then ``await lock.release()``: on Python
+    3.10/3.11 the acquire runs in a task of its own; the lock object adopts the hold for its
+    caller, so the release works and nothing stays renewed (issue 27, A2.7)."""
+
+    async def main() -> None:
+        lock = AsyncLock("wait-for", timeout=30)
+        assert await asyncio.wait_for(lock.acquire(), 5)
+        assert lock.hold_count == 1
+        assert await lock.owned()
+        async with lock:  # nests in the adopted hold
+            assert lock.hold_count == 2
+        await lock.release()
+        assert not await lock.locked()
+        assert lock.hold_count == 0
+        assert len(runtime.watchdog) == 0
+        other = AsyncLock("wait-for-2", timeout=30)
+        assert await asyncio.create_task(other.acquire())  # a task of its own, done
+        await other.release()
+        assert not await other.locked()
+
+    asyncio.run(main())
+
+
+def test_two_tasks_sharing_one_lock_object_are_still_two_owners():
+    """Adoption takes only the hold of a *finished* task: two live tasks on one object exclude
+    each other."""
+
+    async def main() -> list[str]:
+        lock = AsyncLock("shared-object", timeout=30)
+        order: list[str] = []
+
+        async def worker(label: str) -> None:
+            async with lock:
+                order.append(f"{label} in")
+                await asyncio.sleep(0.05)
+                order.append(f"{label} out")
+
+        await asyncio.gather(worker("a"), worker("b"))
+        return order
+
+    order = asyncio.run(main())
+    assert order in (["a in", "a out", "b in", "b out"], ["b in", "b out", "a in", "a out"])

@@ -667,3 +667,29 @@ def test_a_lock_made_after_the_settings_change_uses_the_new_namespace(redis_clie
     with Lock("ns-cache"):
         assert not redis_client.exists("otherns:lock:{ns-cache}")
         assert redis_client.exists(keyspace(None).lock("ns-cache"))
+
+
+def test_a_nested_hold_with_a_shorter_timeout_never_shortens_the_lease(redis_client):
+    """``with Lock("r", timeout=30)`` around ``with Lock("r", timeout=1)``: the outer block
+    keeps its 30 s lease (issue 27, B11)."""
+    key = keyspace().lock("nest-lease")
+    with Lock("nest-lease", timeout=30):
+        with Lock("nest-lease", timeout=1) as inner:
+            assert inner.hold_count == 2
+            assert redis_client.pttl(key) > 28_000
+        assert redis_client.pttl(key) > 28_000
+
+
+@pytest.mark.parametrize(
+    "owner, message",
+    [
+        ("o" * 5000, "5000 characters long; at most 4096"),
+        ("", "must not be empty"),
+        ("a\nb", "must not contain a newline"),
+        ("\ud800", "cannot be encoded as UTF-8"),
+    ],
+    ids=["too-long", "empty", "newline", "not-utf8"],
+)
+def test_a_bad_owner_says_which_condition_failed(owner, message):
+    with pytest.raises(ValueError, match=message):
+        Lock("x", owner=owner)

@@ -246,3 +246,26 @@ def test_single_flight_task_with_the_lock_on_the_cluster_and_the_broker_elsewher
     finally:
         worker.stop()
         topology_clients.current = None
+
+
+def test_a_plain_client_pointed_at_a_cluster_node_is_named_by_check_and_first_use(
+    shared_redis_cluster, settings
+):
+    """A CACHES entry whose LOCATION is one cluster node: ``manage.py check --deploy`` says
+    so (E014), and a lock call fails with the same advice instead of Redis's "Keys in request
+    don't hash to the same slot" (issue 27, D19)."""
+    from django_redislock import LockBackendError
+    from django_redislock.checks import check_cluster_client
+
+    node = shared_redis_cluster.nodes[0]
+    settings.CACHES = {
+        **settings.CACHES,
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"redis://127.0.0.1:{node.port}/0",
+        },
+    }
+    settings.REDISLOCK = {}
+    assert [m.id for m in check_cluster_client()] == ["django_redislock.E014"]
+    with pytest.raises(LockBackendError, match=r"REDISLOCK\['CLIENT'\]"):
+        Lock("plain-on-cluster").acquire(blocking=False)

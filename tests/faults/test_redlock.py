@@ -74,6 +74,23 @@ def test_two_masters_down_is_a_clear_error_not_a_lock(masters):
         Lock("two-down", timeout=5).acquire(blocking_timeout=1)
 
 
+def test_a_failed_quorum_gives_back_what_it_took_before_raising(masters, settings):
+    """Two masters configured, one killed: the attempt takes the live one, cannot make a
+    majority, and gives it back before raising, so the live master does not lock every other
+    owner out for a lease (issue 27, A2.9)."""
+    settings.REDISLOCK = {"CACHE": ["m0", "m1"]}
+    masters[1].kill()
+    with pytest.raises(LockBackendError, match="majority"):
+        Lock("half-quorum", timeout=30).acquire(blocking=False)
+    assert not masters[0].client().exists("redislock:lock:{half-quorum}")
+    masters[1].restart()
+    result: list[bool] = []
+    other = threading.Thread(target=lambda: result.append(Lock("half-quorum").acquire(False)))
+    other.start()
+    other.join(10)
+    assert result == [True]
+
+
 def test_a_minority_is_given_back(masters):
     """Another owner holds two masters: our attempt takes one, fails, and gives it back."""
     for server in masters[:2]:

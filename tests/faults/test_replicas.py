@@ -67,3 +67,34 @@ def test_without_any_replica_every_acquisition_fails_clearly(redis_factory, sett
     with pytest.raises(LockBackendError, match="0 of the 1 replicas"):
         Lock("alone").acquire()
     assert not alone.client().keys("redislock:lock:*")
+
+
+def test_a_hand_off_is_acknowledged_like_any_acquisition(primary_and_replica):
+    """With the replica gone, a waiter that is handed the lock must not return holding it
+    unacknowledged: it claims it with a call of its own, which WAIT then refuses, and the lock
+    goes on (issue 27, A2.8)."""
+    import threading
+
+    primary, replica = primary_and_replica
+    holder = Lock("handed", timeout=10, owner="holder")
+    assert holder.acquire()
+    results: list[object] = []
+
+    def wait() -> None:
+        try:
+            results.append(Lock("handed", timeout=10).acquire(blocking_timeout=5))
+        except LockBackendError as exc:
+            results.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    wait_for(lambda: primary.client().llen("redislock:queue:{handed}") == 1)
+    replica.pause()
+    try:
+        holder.release()  # hands the lock to the waiter (reserved: it must claim it)
+        waiter.join(10)
+    finally:
+        replica.resume()
+    assert len(results) == 1 and isinstance(results[0], LockBackendError), results
+    assert "replicas" in str(results[0])
+    assert not primary.client().exists("redislock:lock:{handed}")  # undone, not kept
