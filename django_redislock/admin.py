@@ -14,6 +14,20 @@ command uses the same functions): pages follow ``SCAN`` cursors, so the first pa
 handful of round trips however many locks exist; a sorted view reads every lock (see
 ``benchmarks/admin_list.py`` for what that costs). When Redis cannot be reached, every page shows
 one error panel saying where Redis was expected and what to check, and nothing else.
+
+Lock names in URLs and forms (issue 27). A lock name is any text, but a browser does not send
+every path it is given: it removes the segments ``.`` and ``..`` (also spelt ``%2E``) before the
+request, so ``…/lock/../change/`` became a 404, and HTML forms rewrite CR, LF and NUL in field
+values, so such a name could not be selected for release. Names are therefore written with
+:func:`encode_name`, Django's admin quoting (``quote``: ``_`` followed by two hex digits for
+``/``, ``_``, ``:`` ...) extended to control characters, and to the dots of a name that is
+nothing but ``.`` or ``..`` (``_2E``). Every other name without control characters keeps
+exactly the URL Django's own quoting gave it before (``LogEntry.get_admin_url`` agrees), and
+links made before still lead to their lock whatever the name (decoding leaves characters that
+are not escapes alone). Because ``_`` itself is always escaped, :func:`decode_name` reverses the
+encoding exactly. Query parameters were the alternative; they would have changed every URL.
+Checkbox values (``token:name``) carry names the same way; a value posted by a script with a
+plain name still works unless the name itself contains such an escape.
 """
 
 from __future__ import annotations
@@ -28,7 +42,7 @@ from urllib.parse import urlencode
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.models import DELETION, LogEntry
-from django.contrib.admin.utils import quote, unquote
+from django.contrib.admin.utils import quote
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -51,7 +65,7 @@ from django_redislock.operations import (
     page_locks,
 )
 
-__all__ = ["LockAdmin", "register"]
+__all__ = ["LockAdmin", "decode_name", "encode_name", "register"]
 
 ACTION_NAME = "force_release_selected"
 REFRESH_CHOICES = (5, 10, 30, 60)
@@ -99,13 +113,37 @@ def name_glob(query: str) -> str | None:
     return f"*{query}*"
 
 
+#: Escaped by :func:`encode_name`: what Django's admin ``quote`` escapes, plus every control
+#: character (HTML forms rewrite CR, LF and NUL; the others are invisible in a URL bar).
+_ESCAPED = frozenset(c for c in map(chr, range(0xA0)) if quote(c) != c or c < " " or c >= "\x7f")
+_ESCAPES = re.compile(f"_({'|'.join(f'{ord(c):02X}' for c in sorted(_ESCAPED | {'.'}))})")
+
+
+def encode_name(name: str) -> str:
+    """``name`` as one URL path segment or form value that no browser rewrites.
+
+    Django's admin quoting extended to control characters; a name of only ``.`` or ``..`` has
+    its dots escaped too (``_2E``), since browsers drop such segments from a path.
+    """
+    encoded = "".join(f"_{ord(c):02X}" if c in _ESCAPED else c for c in name)
+    if encoded in (".", ".."):
+        return encoded.replace(".", "_2E")
+    return encoded
+
+
+def decode_name(encoded: str) -> str:
+    """The lock name :func:`encode_name` encoded (and what Django's ``unquote`` decodes)."""
+    return _ESCAPES.sub(lambda m: chr(int(m[1], 16)), encoded)
+
+
 def selection_value(info: LockInfo) -> str:
     """Checkbox value naming a holder: the fencing token the operator saw, and the lock name.
 
     The token tells holders of one name apart (semaphore permits) and makes the release refuse a
-    lock that changed hands; an unreadable value has token 0.
+    lock that changed hands; an unreadable value has token 0. The name is encoded
+    (:func:`encode_name`) so that forms send it back unchanged.
     """
-    return f"{info.fencing_token}:{info.name}"
+    return f"{info.fencing_token}:{encode_name(info.name)}"
 
 
 def parse_selection(values: Iterable[str]) -> list[tuple[int, str]]:
@@ -114,7 +152,7 @@ def parse_selection(values: Iterable[str]) -> list[tuple[int, str]]:
     for value in values:
         token, sep, name = value.partition(":")
         if sep and name and token.isdigit():
-            selected.setdefault((int(token), name))
+            selected.setdefault((int(token), decode_name(name)))
     return list(selected)
 
 
@@ -185,7 +223,7 @@ class Candidate:
 
     @property
     def value(self) -> str:
-        return f"{self.token}:{self.name}"
+        return f"{self.token}:{encode_name(self.name)}"
 
     @property
     def holder(self) -> str:
@@ -269,7 +307,8 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         )
 
     def detail_url(self, lock_name: str) -> str:
-        return self._url("change", quote(lock_name))
+        """The detail page of ``lock_name``, whatever its characters (see :func:`encode_name`)."""
+        return self._url("change", encode_name(lock_name))
 
     def _context(self, request: HttpRequest, title: Any, **extra: Any) -> dict[str, Any]:
         return {
@@ -508,7 +547,7 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     # -- detail and statistics ------------------------------------------------------------------
     def detail_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         self._require(self.has_view_permission(request))
-        name = unquote(object_id)
+        name = decode_name(object_id)
         try:
             holders = lock_holders(name, using=self.using)
             figures = stats.get_stats(name, using=self.using)

@@ -19,7 +19,7 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from django_redislock import Lock, LockNotOwnedError, get_lock_info, stats
-from django_redislock.admin import LockAdmin, name_glob, parse_selection
+from django_redislock.admin import LockAdmin, encode_name, name_glob, parse_selection
 from django_redislock.runtime import keyspace
 from tests.conftest import hold, wait_for
 
@@ -669,7 +669,8 @@ def test_detail_page_shows_every_lockinfo_field_and_statistics(operator, take):
     assert "odd/name with spaces 1 0 0 100.0%" in text  # acquired, contended, failed, rate
     html = response.content.decode()
     assert 'value="Force release…"' in html  # the operator may start a release from here
-    assert f'value="{info.fencing_token}:{info.name}"' in html
+    # The name as the admin encodes it in URLs and form values (survives any browser).
+    assert f'value="{info.fencing_token}:{encode_name(info.name)}"' in html
 
 
 def test_detail_of_a_free_lock_is_404(viewer):
@@ -816,3 +817,104 @@ def test_statistics_charts_fall_back_to_totals_without_recent_minutes(viewer):
     charts = html.split('id="redislock-charts"')[1]
     assert "chart-outcomes" in charts and "No acquisition in the last hour" in charts
     assert "No lock is held right now." in charts
+
+
+# -- every name reachable: dot segments, control characters (issue 27) -----------------------------
+
+#: Names a naive URL or form would lose: dot segments a browser removes from a path (``%2E``
+#: too), characters HTML forms rewrite (CR, LF, NUL), and text that looks like an escape.
+HOSTILE_NAMES = [
+    ".",
+    "..",
+    "...",
+    "a/../b",
+    "%2E",
+    "%2e%2E",
+    "_2E",
+    "_5F",
+    "line\nbreak",
+    "cr\rreturn",
+    "nul\x00byte",
+    "tab\tx",
+    "back\\slash",
+    "q?x#y",
+]
+
+_DOT_SEGMENT = re.compile(r"(?:\.|%2e){1,2}", flags=re.IGNORECASE)
+
+
+def browser_path(href: str) -> str:
+    """The path a browser requests for ``href``: dot segments (``.``, ``..``, and their
+    ``%2e`` spellings, as the WHATWG URL standard says) resolved away."""
+    from urllib.parse import urljoin
+
+    segments = [
+        segment.lower().replace("%2e", ".") if _DOT_SEGMENT.fullmatch(segment) else segment
+        for segment in href.split("/")
+    ]
+    return urljoin("http://testserver/", "/".join(segments)).removeprefix("http://testserver")
+
+
+def as_a_browser_submits(value: str) -> str:
+    """A form value after HTML parsing (NUL -> U+FFFD, CR/CRLF -> LF) and form submission
+    (every line break sent as CRLF)."""
+    value = value.replace("\x00", "\ufffd").replace("\r\n", "\n").replace("\r", "\n")
+    return value.replace("\n", "\r\n")
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_every_lock_name_links_to_its_detail_page_and_can_be_force_released(operator, take, name):
+    from html import escape, unescape
+
+    lock = take(name, timeout=60)
+    client = logged_in(operator)
+    listing = client.get(list_url()).content.decode()
+    [href] = re.findall(r'<th class="field-name"><a href="([^"]*)">', listing)
+    detail = client.get(browser_path(unescape(href)))
+    assert detail.status_code == 200, (href, browser_path(unescape(href)))
+    page = detail.content.decode()
+    assert f"<td>{escape(name, quote=False)}</td>" in page.replace("&#x27;", "'")
+    [value] = re.findall(r'name="_selected_action" value="([^"]*)"', page)
+    selected = as_a_browser_submits(unescape(value))
+    confirm = client.post(
+        list_url(), {"action": ACTION, "_selected_action": selected}
+    ).content.decode()
+    assert 'class="release-candidate"' in confirm, texts(confirm).split("Force-release locks?")[-1]
+    [value] = re.findall(r'name="_selected_action" value="([^"]*)"', confirm)
+    selected = as_a_browser_submits(unescape(value))
+    client.post(list_url(), {"action": ACTION, "_selected_action": selected, "post": "yes"})
+    assert get_lock_info(name) is None
+    entry = LogEntry.objects.get()
+    assert entry.object_id == name and f"fencing token {lock.fencing_token}" in entry.change_message
+
+
+def test_encoded_names_decode_exactly_and_django_quoted_ones_too():
+    from django.contrib.admin.utils import quote as django_quote
+
+    from django_redislock.admin import decode_name
+
+    for name in [*HOSTILE_NAMES, "_0A", "a_2Fb", "\x85\x7f", "caf\u00e9 \u2028", "_"]:
+        assert decode_name(encode_name(name)) == name
+        assert decode_name(django_quote(name)) == name  # links made before the change
+    assert encode_name(".") == "_2E" and encode_name("..") == "_2E_2E"
+    assert parse_selection(["7:" + encode_name("a_b\r\n")]) == [(7, "a_b\r\n")]
+
+
+def test_ordinary_names_keep_their_detail_urls():
+    """URLs bookmarked or logged before dot names were encoded still lead to the same lock."""
+    from django.contrib import admin
+
+    from django_redislock.models import Lock as LockModel
+
+    admin_view = admin.site._registry[LockModel]
+    assert isinstance(admin_view, LockAdmin)
+    for name in ("job", "odd/name with spaces", "billing.tasks.sync_ledger:12", "a_b:c", "é x"):
+        assert admin_view.detail_url(name) == detail_url(name)
+
+
+def test_detail_urls_of_dot_names_check_permissions_too(client, staff, viewer, take):
+    take("..", timeout=60)
+    url = reverse("admin:django_redislock_lock_change", args=["_2E_2E"])
+    assert client.get(url).status_code == 302
+    assert logged_in(staff).get(url).status_code == 403
+    assert logged_in(viewer).get(url).status_code == 200

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,52 @@ def test_operator_force_releases_a_lock_held_by_another_process(
         proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+# -- names a browser would rewrite ---------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_locks_named_dot_and_dot_dot_are_reachable_and_releasable(live_server, browser, operator):
+    """A browser drops ``.`` and ``..`` segments from a path (``%2E`` too) and HTML forms turn a
+    lone LF into CRLF: every name still leads from the list to its detail page, and on to its
+    force release."""
+    from playwright.sync_api import expect
+
+    names = [".", "..", "line\nbreak"]
+    for name in names:
+        assert Lock(name, timeout=60, auto_renew=False).acquire()
+    page = open_page(browser, live_server, operator, 1280, "/admin/django_redislock/lock/")
+    list_url = page.url
+    for name in (".", ".."):
+        page.goto(list_url)
+        page.locator("#result_list th.field-name a").filter(
+            has_text=re.compile(f"^{re.escape(name)}$")
+        ).click()
+        expect(page.locator("#lock-detail td").first).to_have_text(name)
+        expect(page.locator("#content h1")).to_have_text(name)
+    page.screenshot(path=str(ARTIFACTS / "admin-detail-dot-dot.png"), full_page=True)
+
+    # From the detail page of "..": force release, confirmation, done.
+    page.get_by_role("button", name="Force release…").click()
+    expect(page.locator("#content h1")).to_have_text("Force-release locks?")
+    expect(page.locator("tr.release-candidate td").first).to_have_text("..")
+    assert get_lock_info("..") is not None  # nothing happens before confirming
+    page.get_by_role("button", name="Yes, release").click()
+    expect(page.locator("ul.messagelist")).to_contain_text("Force-released 1 lock: ...")
+    assert get_lock_info("..") is None and get_lock_info(".") is not None
+
+    # From the list, by its checkbox: a name with a line break comes back unchanged.
+    page.goto(list_url)
+    row = page.locator("#result_list tbody tr", has_text="line break")
+    row.locator("input.action-select").check()
+    page.select_option("select[name=action]", "force_release_selected")
+    page.get_by_role("button", name="Go").click()
+    expect(page.locator("tr.release-candidate")).to_have_count(1)
+    page.get_by_role("button", name="Yes, release").click()
+    expect(page.locator("ul.messagelist")).to_contain_text("Force-released 1 lock: line")
+    assert get_lock_info("line\nbreak") is None and get_lock_info(".") is not None
+    assert sorted(LogEntry.objects.values_list("object_id", flat=True)) == ["..", "line\nbreak"]
 
 
 # -- layout ----------------------------------------------------------------------------------------
