@@ -8,6 +8,7 @@
 #   make test-topology      Redis Cluster, Sentinel and independent masters (real processes)
 #   make test-chaos         lost replies, cancellations, lossy failovers: chaos workers + history checker
 #   make test-bench         the benchmark harness smoke test (bench_locks.py --quick, every section)
+#   make coverage           line coverage of the package by the in-process tests (printed; a CI step)
 #   make test-flavours      the core again on a bare CACHES entry and on Django's RedisCache
 #   make docs [DOCS_PORT=8001]  the documentation site (docs/, mkdocs.yml): strict build, then served with live reload
 #   make docs-check         strict build of the docs into build/site: a warning, a broken link or anchor fails (a CI step)
@@ -47,7 +48,7 @@ MATRIX_TESTS := tests/test_waiting.py tests/test_aio.py tests/test_semaphore.py 
 
 .DEFAULT_GOAL := help
 .PHONY: help venv demo-venv system-deps test test-fast test-slow test-faults test-topology test-chaos test-bench test-flavours \
-	lint format type matrix bench \
+	lint format type matrix bench coverage \
 	demo clean-demo hooks docs docs-check ci ci-beyond
 
 help:
@@ -76,7 +77,7 @@ test-topology: venv system-deps
 	$(PY) -m pytest -m topology $(NOT_CHAOS) $(ARGS)
 
 # Worker processes under lost replies, delays, resets, stalls and lossy Sentinel/Cluster failovers,
-# their histories checked afterwards (tests/history.py); xfail until the engine has issue 27's fix.
+# their histories checked afterwards (tests/history.py) (any violation fails).
 test-chaos: venv system-deps
 	$(PY) -m pytest $(CHAOS_TESTS) $(ARGS)
 
@@ -85,6 +86,11 @@ test-chaos: venv system-deps
 test-flavours: venv system-deps
 	REDISLOCK_TEST_CACHE=bare $(PY) -m pytest $(FLAVOUR_TESTS) $(ARGS)
 	REDISLOCK_TEST_CACHE=builtin $(PY) -m pytest $(FLAVOUR_TESTS) $(ARGS)
+
+coverage: venv system-deps
+	$(BIN)/coverage erase
+	$(BIN)/coverage run -m pytest -m "not slow" $(ARGS)
+	$(BIN)/coverage report
 
 test-fast: venv
 	$(PY) -m pytest -m "not slow" $(ARGS)
@@ -155,5 +161,6 @@ ci-beyond:
 	$(MAKE) test-chaos ARGS="-q -s -rxX --durations=10"
 	$(MAKE) test-bench ARGS="-q"
 	$(MAKE) test-flavours ARGS="-q"
+	$(MAKE) coverage ARGS="-q"
 	REDISLOCK_TEST_CACHE=bare $(MAKE) matrix ARGS="-q $(MATRIX_TESTS)"
 	$(MAKE) bench ARGS=--quick

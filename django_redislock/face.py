@@ -63,6 +63,7 @@ class Spec:
     target: Any
     lease: float
     settings: Any
+    generation: int  # the runtime's: a fork or reset drops the target (a child has its own)
 
 
 @dataclass(frozen=True)
@@ -134,12 +135,15 @@ class Face:
     # -- resolution ---------------------------------------------------------------------------
     def _spec(self) -> Spec:
         """Target and lease, cached until the settings change (``setting_changed`` replaces
-        the settings object)."""
+        the settings object) or the runtime forgets its targets (a fork: an object made before
+        it must not use the parent's listener in the child)."""
         settings = get_settings()
         spec = self._spec_cache
-        if spec is None or spec.settings is not settings:
+        if spec is None or spec.settings is not settings or spec.generation != runtime.generation:
             lease = self._timeout if self._timeout is not None else settings.timeout
-            spec = self._spec_cache = Spec(runtime.target(self.using), lease, settings)
+            generation = runtime.generation
+            target = runtime.target(self.using)
+            spec = self._spec_cache = Spec(target, lease, settings, generation)
         return spec
 
     @property

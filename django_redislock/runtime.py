@@ -52,6 +52,8 @@ class Runtime:
     def __init__(self) -> None:
         self.token = uuid.uuid4().hex[:12]
         self.pid = os.getpid()
+        #: Bumped whenever targets are forgotten (fork, settings): faces re-resolve theirs.
+        self.generation = 0
         self.holds = HoldTable()
         self.waiters = WaiterRegistry()
         self.watchdog = Watchdog(self.holds)
@@ -218,6 +220,7 @@ class Runtime:
     def reset(self) -> None:
         """Forget clients, transports and targets (the settings changed); holds stay."""
         with self._mutex:
+            self.generation += 1
             for transport in self._transports.values():
                 transport.close()
             self._clients = {}
@@ -233,6 +236,7 @@ class Runtime:
     def after_fork(self) -> None:
         self.token = uuid.uuid4().hex[:12]
         self.pid = os.getpid()
+        self.generation += 1
         self._mutex = threading.RLock()
         self.holds.clear()
         self.waiters.clear()

@@ -364,6 +364,27 @@ def test_skip_if_locked_says_why_and_exits_zero(running_guarded):
     assert run("slow_guarded", "--skip-if-locked", "--verbosity", "0") == ""
 
 
+def test_a_busy_guard_escapes_the_holder_it_names():
+    """A thread name or task id with control characters cannot forge lines in the message."""
+    held, done = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with Lock("command:slow_guarded", timeout=10):
+            held.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=holder, name="evil\nSkipped: forged\tline")
+    thread.start()
+    try:
+        assert held.wait(10)
+        out = run("quiet_guarded")
+    finally:
+        done.set()
+        thread.join(10)
+    assert out.count("\n") <= 1 and "\t" not in out
+    assert "thread evil\\nSkipped: forged\\tline, fencing token " in out
+
+
 @pytest.mark.slow
 def test_lock_on_busy_skip_says_why_without_the_flag(running_guarded):
     out = run("quiet_guarded")

@@ -29,15 +29,19 @@ so a bad ``lock_key`` template fails at import time, not at 3 a.m.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from argparse import ArgumentParser
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_redislock.decorators import distributed_lock
 from django_redislock.exceptions import LockBackendError, LockError, LockLostError
+
+if TYPE_CHECKING:
+    from django_redislock.operations import LockInfo
 
 __all__ = ["LockedCommand"]
 
@@ -113,13 +117,39 @@ class LockedCommand(BaseCommand):
 
         name = type(self).handle.lock_name(self, *args, **options)  # type: ignore[attr-defined]
         info = get_lock_info(name, using=self.lock_using)
-        holder = f" (held by {describe_holder(info)})" if info is not None else ""
+        holder = f" (held by {describe_holder(escaped(info))})" if info is not None else ""
         message = f"{self.command_name()} is already running: lock {name!r} is busy{holder}."
         if options.get("skip_if_locked") or self.lock_on_busy == "skip":
             if options.get("verbosity", 1) >= 1:
                 self.stdout.write(f"Skipped: {message}")
             return None
         raise CommandError(message, returncode=1)
+
+
+def escape(text: str) -> str:
+    r"""``text`` as one unambiguous line: non-printable characters as ``repr`` escapes them
+    (``\n``, ``\t``, ``\x07``, ``\u2028`` ...), a backslash as ``\\``; no quotes added.
+
+    Why not ``repr(text)[1:-1]``: it would also escape quotes, depending on which quote ``repr``
+    chose, and leave a reader guessing which one it was.
+    """
+    if text.isprintable() and "\\" not in text:
+        return text  # the common case, in one pass
+    return "".join(
+        "\\\\" if ch == "\\" else ch if ch.isprintable() else repr(ch)[1:-1] for ch in text
+    )
+
+
+def escaped(info: LockInfo) -> LockInfo:
+    """``info`` with its free-text fields escaped for a line of text (see :func:`escape`)."""
+    return dataclasses.replace(
+        info,
+        name=escape(info.name),
+        owner=escape(info.owner),
+        host=escape(info.host),
+        thread=escape(info.thread),
+        task_id=None if info.task_id is None else escape(info.task_id),
+    )
 
 
 def _lock_errors_as_command_errors(handle: Callable[..., Any]) -> Callable[..., Any]:

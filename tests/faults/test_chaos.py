@@ -15,12 +15,8 @@ user is gone, fencing tokens that only increase).
 
 Each test prints what it checked and found (``-s``): histories, events, violations by kind.
 
-Until the engine has the fix of issue 27, these tests fail, and they are marked ``xfail`` —
-strictly: on the current engine they *must* fail (an unexpected pass fails the run: the
-harness would have lost its teeth). Which engine is which is told by the API the fix brings:
-``django_redislock.LockOutcomeUnknown``. Once it exists the marks are off and every test must
-pass, so the fixed engine lands with its proof. (Decision: a red CI step for a known bug would
-block every other change until the fix lands; a strict xfail keeps both the proof and CI.)
+Every test must pass: a violation of any kind fails it (the engine has issue 27's fix; before
+it, these runs found the violations the issue lists).
 """
 
 from __future__ import annotations
@@ -41,7 +37,6 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-import django_redislock
 from tests.faults.chaos_worker import cancel_after, running
 from tests.history import (
     HistoryRecorder,
@@ -55,15 +50,6 @@ from tests.topology import RedisProcess, redis_version
 
 pytestmark = pytest.mark.slow
 
-#: The engine with issue 27's fix raises this; its absence marks the engine these tests indict.
-FIXED = getattr(django_redislock, "LockOutcomeUnknown", None) is not None
-
-until_fixed = pytest.mark.xfail(
-    not FIXED,
-    reason="issue 27: the current engine breaks its promises on lost replies and cancellations "
-    "(the printed report lists how); passes once the fix (LockOutcomeUnknown) lands",
-    strict=True,
-)
 
 NS = "redislock"  # the lock namespace: REDISLOCK KEY_PREFIX, no cache KEY_PREFIX
 SOCKET_TIMEOUT = 1.0
@@ -228,7 +214,6 @@ def test_the_checker_finds_nothing_where_no_promise_is_at_stake(
 # -- one deterministic test per mechanism --------------------------------------------------------
 
 
-@until_fixed
 @pytest.mark.parametrize("how", ["debug-sleep", "lost-reply"])
 def test_an_acquisition_whose_reply_was_lost_leaves_no_hold_behind(
     how, chaos_server, tcp_proxy, settings, tmp_path
@@ -302,7 +287,6 @@ def test_an_acquisition_whose_reply_was_lost_leaves_no_hold_behind(
     assert report.ok, report.details()
 
 
-@until_fixed
 def test_async_acquisitions_cancelled_during_their_first_round_trip_leave_no_lock(
     chaos_server, tmp_path
 ) -> None:
@@ -346,7 +330,6 @@ def test_async_acquisitions_cancelled_during_their_first_round_trip_leave_no_loc
     assert report.ok, report.details()
 
 
-@until_fixed
 def test_cancelled_semaphore_waits_leave_no_queue_entry_and_the_permit_goes_to_a_live_waiter(
     chaos_server, tmp_path
 ) -> None:
@@ -492,7 +475,6 @@ def run_chaos(proxy: Any, server: RedisProcess, seconds: float, rng: random.Rand
     return schedule
 
 
-@until_fixed
 def test_chaos_on_a_single_redis_breaks_no_promise(tmp_path, redis_processes, tcp_proxy) -> None:
     """4 worker processes x (2 threads + 2 asyncio tasks) on 3 names through the proxy (0.5 s
     socket timeouts) for 12 s of faults, then healed: no overlap, increasing tokens, no

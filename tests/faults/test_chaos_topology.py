@@ -25,11 +25,8 @@ What is checked where — decided from README "Guarantees", and stated here once
 - Unknown outcomes (calls in flight when the primary died) must be resolved; nothing may be left
   in Redis once the workers exited (read on every primary after the failover).
 
-As in ``test_chaos.py``, the tests are ``xfail(strict=False)`` until the engine has issue 27's
-fix (``django_redislock.LockOutcomeUnknown``), then they must pass. Not strict here: whether a
-run catches a call in flight at the kill, or a failover handing out an old token, depends on
-timing, so the current engine may pass a run by luck — which must not fail CI either. Each
-run prints what it checked and found (``-s``).
+As in ``test_chaos.py``, every test must pass. Each run prints what it checked and found
+(``-s``).
 """
 
 from __future__ import annotations
@@ -39,22 +36,12 @@ from typing import Any
 
 import pytest
 
-import django_redislock
 from tests.faults.chaos_worker import running
 from tests.history import check_history, load_history, read_leftovers
 from tests.topology import ClusterTopology, SentinelTopology
 
 pytestmark = pytest.mark.slow
 
-FIXED = getattr(django_redislock, "LockOutcomeUnknown", None) is not None
-
-until_fixed = pytest.mark.xfail(
-    not FIXED,
-    reason="issue 27: on the current engine a lossy failover hands out old fencing tokens and "
-    "in-flight calls stay unresolved (the printed report lists how); passes once the fix "
-    "(LockOutcomeUnknown) lands",
-    strict=False,
-)
 
 NS = "redislock"
 LEASE = 3.0
@@ -72,7 +59,6 @@ def report_line(title: str, report: Any) -> None:
         print(report.details(8))
 
 
-@until_fixed
 @pytest.mark.parametrize("replicas", [0, 1], ids=["replicas0", "replicas1"])
 def test_chaos_on_sentinel_with_a_failover_that_loses_writes(replicas, tmp_path) -> None:
     with SentinelTopology() as topo:
@@ -122,7 +108,6 @@ def _names_on_one_primary(cluster: ClusterTopology, count: int = 3) -> tuple[lis
     return names, target
 
 
-@until_fixed
 def test_chaos_on_a_cluster_with_a_primary_killed(tmp_path) -> None:
     with ClusterTopology() as cluster:
         names, victim = _names_on_one_primary(cluster)

@@ -41,7 +41,6 @@ stopped.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from argparse import ArgumentParser, Namespace
@@ -52,6 +51,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_redislock.exceptions import LockBackendError, LockError
+from django_redislock.management.base import escape, escaped
 from django_redislock.operations import (
     SORTS,
     LockInfo,
@@ -291,7 +291,7 @@ class Command(BaseCommand):
                 if as_json:
                     self.stdout.write(_dumps(_json_fields(info)))
                 else:
-                    self.stdout.write(_text_line(_escaped(info)))
+                    self.stdout.write(_text_line(escaped(info)))
             if not page.has_next:
                 break
             cursor = page.next_cursor
@@ -314,7 +314,7 @@ class Command(BaseCommand):
                 f"not {token} (it changed hands since that token was read)."
             )
         for info in released:
-            holder = describe_holder(_escaped(info))
+            holder = describe_holder(escaped(info))
             logger.warning(
                 "django_redislock: lock %r force-released from the command line (was held by %s).",
                 name,
@@ -456,7 +456,7 @@ class Command(BaseCommand):
         if acquired:
             return True
         info = get_lock_info(lease.name, using=using)
-        holder = f" (held by {describe_holder(_escaped(info))})" if info is not None else ""
+        holder = f" (held by {describe_holder(escaped(info))})" if info is not None else ""
         if skip:
             if verbosity >= 1:
                 self.stdout.write(
@@ -494,32 +494,6 @@ def _dumps(data: dict[str, Any]) -> str:
     changes no value.
     """
     return json.dumps(data, ensure_ascii=False, sort_keys=False).translate(_JSON_LINE_BREAKS)
-
-
-def escape(text: str) -> str:
-    r"""``text`` as one unambiguous line: non-printable characters as ``repr`` escapes them
-    (``\n``, ``\t``, ``\x07``, ``\u2028`` ...), a backslash as ``\\``; no quotes added.
-
-    Why not ``repr(text)[1:-1]``: it would also escape quotes, depending on which quote ``repr``
-    chose, and leave a reader guessing which one it was.
-    """
-    if text.isprintable() and "\\" not in text:
-        return text  # the common case, in one pass
-    return "".join(
-        "\\\\" if ch == "\\" else ch if ch.isprintable() else repr(ch)[1:-1] for ch in text
-    )
-
-
-def _escaped(info: LockInfo) -> LockInfo:
-    """``info`` with its free-text fields escaped for a line of text (see :func:`escape`)."""
-    return dataclasses.replace(
-        info,
-        name=escape(info.name),
-        owner=escape(info.owner),
-        host=escape(info.host),
-        thread=escape(info.thread),
-        task_id=None if info.task_id is None else escape(info.task_id),
-    )
 
 
 def _text_line(info: LockInfo) -> str:
