@@ -173,6 +173,8 @@ class RedisPyTransport:
             weakref.WeakKeyDictionary()
         )
         self._mutex = threading.Lock()
+        # (node, sha) known loaded: a WAIT after a NOSCRIPT would cost a whole REPLICAS_TIMEOUT.
+        self._loaded_for_wait: set[tuple[int, str]] = set()
 
     def __repr__(self) -> str:
         return f"<RedisPyTransport {self.client!r}>"
@@ -204,6 +206,9 @@ class RedisPyTransport:
         # WAIT counts the writes of one connection: on a Cluster, that of the key's node.
         node = node_client(self.client, keys[0])
         try:
+            if (id(node), script.sha) not in self._loaded_for_wait:
+                node.script_load(script.source)  # before sending: safe to repeat
+                self._loaded_for_wait.add((id(node), script.sha))
             for attempt in range(2):
                 pipe = node.pipeline(transaction=False)
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
