@@ -9,7 +9,6 @@ import pytest
 from django_redislock import Lock, LockBackendError
 from tests.conftest import wait_for
 
-
 #: Generous for a loaded CI machine (a healthy replica acknowledges in milliseconds).
 REPLICAS_TIMEOUT = 1.0
 
@@ -32,7 +31,11 @@ def primary_and_replica(redis_factory, settings):
             "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 2},
         },
     }
-    settings.REDISLOCK = {"CACHE": "replicated", "REPLICAS": 1, "REPLICAS_TIMEOUT": REPLICAS_TIMEOUT}
+    settings.REDISLOCK = {
+        "CACHE": "replicated",
+        "REPLICAS": 1,
+        "REPLICAS_TIMEOUT": REPLICAS_TIMEOUT,
+    }
     return primary, replica
 
 
