@@ -1,7 +1,8 @@
 # The one task runner of django-redislock: developers, the README and CI (`.ci/run` = `make ci`)
 # all come through these targets; scripts/*.sh are their helpers, tox only runs the matrix.
 #
-#   make test [ARGS=...]    the suite but faults, topology and bench, as CI runs it (creates .venv on first use)
+#   make test [ARGS=...]    the suite but faults, topology, bench and packaging, as CI runs it (creates .venv on first use)
+#   make test-packaging     built distributions, fresh venvs, the README's install lines and the demo
 #   make test-faults        crash/restart/partition tests on a single Redis (tests/faults/)
 #   make test-fast          everything but the tests marked `slow`
 #   make test-slow          only the `slow` tests (processes, workers, browsers, faults, venvs)
@@ -47,7 +48,7 @@ MATRIX_TESTS := tests/test_waiting.py tests/test_aio.py tests/test_semaphore.py 
 	tests/test_checks.py tests/faults/test_lock_faults.py tests/test_celery.py
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo-venv system-deps test test-fast test-slow test-faults test-topology test-chaos test-bench test-flavours \
+.PHONY: help venv demo-venv system-deps test test-fast test-slow test-packaging test-faults test-topology test-chaos test-bench test-flavours \
 	lint format type matrix bench coverage \
 	demo clean-demo hooks docs docs-check ci ci-beyond
 
@@ -65,7 +66,10 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 test: venv system-deps
-	$(PY) -m pytest -m "not topology and not bench and not faults" $(ARGS)
+	$(PY) -m pytest -m "not topology and not bench and not faults and not packaging" $(ARGS)
+
+test-packaging: venv system-deps
+	$(PY) -m pytest -m packaging $(ARGS)
 
 test-faults: venv system-deps
 	$(PY) -m pytest -m faults $(NOT_CHAOS) $(ARGS)
@@ -156,6 +160,7 @@ ci:
 # The CI steps after the README's test command (`.ci/run` calls lint, type and `make test` itself).
 ci-beyond:
 	$(MAKE) docs-check
+	$(MAKE) test-packaging ARGS="-q --durations=10"
 	$(MAKE) test-faults ARGS="-q --durations=10"
 	$(MAKE) test-topology ARGS="-q --durations=10"
 	$(MAKE) test-chaos ARGS="-q -s -rxX --durations=10"

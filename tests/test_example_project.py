@@ -43,6 +43,9 @@ import pytest
 from tests.conftest import wait_for
 from tests.redis_server import RedisServer, free_port
 
+# The demo as a user runs it: a CI step of its own (`make test-packaging`), not `make test`.
+pytestmark = [pytest.mark.slow, pytest.mark.packaging]
+
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "example_project"
 T = TypeVar("T")

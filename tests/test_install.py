@@ -23,7 +23,8 @@ from django.conf import settings
 
 from tests.venvs import ROOT, copy_checkout, fresh_venv, outside_env, pip_install, run
 
-pytestmark = pytest.mark.slow  # fresh venvs, source builds, a Celery worker
+# Fresh venvs, source builds, a Celery worker: `make test-packaging`, a CI step of its own.
+pytestmark = [pytest.mark.slow, pytest.mark.packaging]
 
 PLACEHOLDER = "/path/to/django-redislock"
 

@@ -21,7 +21,8 @@ from django.conf import settings
 import django_redislock
 from tests.venvs import copy_checkout, fresh_venv, outside_env, pip_install, run
 
-pytestmark = pytest.mark.slow  # builds distributions, installs into fresh venvs
+# Builds distributions, installs into fresh venvs: `make test-packaging`, a CI step of its own.
+pytestmark = [pytest.mark.slow, pytest.mark.packaging]
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "django_redislock"
