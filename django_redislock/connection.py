@@ -11,6 +11,7 @@ alias and process is kept by :mod:`django_redislock.runtime`, and commands are s
 
 from __future__ import annotations
 
+import inspect
 import re
 from typing import Any
 
@@ -321,11 +322,11 @@ def make_async_client(client: Any, *, read_timeout: bool = True) -> Any:
     # redis-py 8's asyncio pool skips its health check of a pooled connection (one the server
     # closed, e.g. CLIENT KILL, is handed out as is) while maintenance notifications are "auto";
     # the twin turns them off (they are for Redis Enterprise / Cloud endpoint moves).
-    try:
+    # redis-py 7 has the feature for sync connections only: ask the asyncio class what it takes.
+    takes = inspect.signature(aconnection.AbstractConnection.__init__).parameters
+    if "maint_notifications_config" in takes:
         from redis.maint_notifications import MaintNotificationsConfig
-    except ImportError:  # redis-py < 7: no such feature, the check always runs
-        pass
-    else:
+
         kwargs["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
     async_pool = aredis.BlockingConnectionPool(
         connection_class=connection_class,
