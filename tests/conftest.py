@@ -228,3 +228,13 @@ def hand_off_messages(spy: Any) -> list[str]:
             seen.append(message["data"].decode())
     spy.close()
     return [m for m in seen if m.startswith("h ")]
+
+
+async def async_client_of(alias: str | None) -> Any:
+    """The ``redis.asyncio`` client the default transport keeps for ``alias`` and this loop."""
+    from django_redislock.runtime import runtime
+    from django_redislock.transport import RedisPyTransport
+
+    transport = runtime.transport(alias)
+    assert isinstance(transport, RedisPyTransport)
+    return await transport.async_client()

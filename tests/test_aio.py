@@ -26,7 +26,7 @@ from django_redislock import (
     signals,
 )
 from django_redislock.runtime import keyspace, runtime
-from tests.conftest import hand_off_messages, wait_for
+from tests.conftest import async_client_of, hand_off_messages, wait_for
 
 
 def queue_length(redis_client, name: str) -> int:
@@ -80,7 +80,7 @@ def test_two_hundred_tasks_read_modify_write_exactly(redis_client):
                 inside += 1
                 if inside > 1:
                     overlaps.append(inside)
-                client = await runtime.transport().async_client()
+                client = await async_client_of(None)
                 value = int(await client.get(counter))
                 await asyncio.sleep(0)
                 await client.set(counter, value + 1)
@@ -443,7 +443,7 @@ def test_tasks_beyond_max_connections_wait_for_a_free_connection(redis_client):
         done.append(i)
 
     async def main() -> int:
-        client = await runtime.transport("small-pool").async_client()
+        client = await async_client_of("small-pool")
         pool = client.connection_pool
         # django-redis shares one sync pool per URL, so the alias's own limit may not be the one
         # the twin copied: pin it for this loop's pool.
@@ -462,7 +462,7 @@ def test_an_exhausted_pool_gives_up_after_its_checkout_timeout():
     from django_redislock import connection as redislock_connection
 
     async def main() -> tuple[float, BaseException]:
-        client = await runtime.transport("small-pool").async_client()
+        client = await async_client_of("small-pool")
         pool = client.connection_pool
         pool.timeout = 0.3
         pool.max_connections = 3

@@ -13,6 +13,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from django_redislock import AsyncLock, Lock, LockBackendError
 from django_redislock.connection import socket_timeout
 from django_redislock.runtime import runtime
 from django_redislock.testing import free_port
-from tests.conftest import wait_for
+from tests.conftest import async_client_of, wait_for
 
 PACKAGE = Path(__file__).resolve().parent.parent / "django_redislock"
 
@@ -70,7 +71,7 @@ def test_every_lock_command_goes_through_redis_pys_execute_command(monkeypatch):
 
 
 @pytest.fixture
-def resp3_alias() -> str:
+def resp3_alias() -> Iterator[str]:
     """A lock cache speaking RESP3 on a pool of one connection (every call uses it)."""
     alias = "resp3-one"
     caches = {
@@ -110,7 +111,7 @@ def test_a_server_push_on_a_pooled_connection_does_not_shift_replies(resp3_alias
 
 def test_a_server_push_on_an_asyncio_connection_does_not_shift_replies(resp3_alias, redis_client):
     async def main() -> None:
-        client = await runtime.transport(resp3_alias).async_client()
+        client = await async_client_of(resp3_alias)
         await client.ping()
         pool = client.connection_pool
         pool.max_connections = 1

@@ -61,6 +61,12 @@ def plan(*, kind: Any = None, blocking: bool = True, queue: bool = True, wait: f
     )
 
 
+def as_call(op: Any) -> flow.Call:
+    """``op``, which must be a call (the flow's next step is a script to run)."""
+    assert isinstance(op, flow.Call), op
+    return op
+
+
 def run(gen: flow.Flow, *replies: Any) -> tuple[list[Any], Any]:
     """Feed ``replies`` (an exception is thrown in) and collect what the flow yields; returns
     (operations, result). Raises what the flow raises."""
@@ -114,7 +120,7 @@ def test_at_the_deadline_the_waiter_leaves_and_keeps_a_hand_off_that_raced_it():
     gen = flow.acquire(plan(clock=clock, wait=2.0))
     ops = [next(gen), gen.send([0, 30_000, 1])]
     clock.now += 2.5  # the wait ran out
-    cancel = gen.send(flow.Woken(False))
+    cancel = as_call(gen.send(flow.Woken(False)))
     assert cancel.script.filename == "cancel.lua" and cancel.args[2] == "1"  # take a hand-off
     with pytest.raises(StopIteration) as stop:
         gen.send(-1)  # nothing was handed over
@@ -133,9 +139,9 @@ def test_at_the_deadline_the_waiter_leaves_and_keeps_a_hand_off_that_raced_it():
 
 def test_an_unacknowledged_acquisition_is_undone_before_the_error():
     gen = flow.acquire(plan(target=FakeTarget(replicas=1, replicas_timeout_ms=100)))
-    call = next(gen)
+    call = as_call(next(gen))
     assert call.replicas == 1
-    undo = gen.throw(flow.NotReplicated("acquire", [1, 5, 1], 0, 1, 100))
+    undo = as_call(gen.throw(flow.NotReplicated("acquire", [1, 5, 1], 0, 1, 100)))
     assert undo.script.filename == "cancel.lua" and undo.args[2] == "0"
     with pytest.raises(flow.NotReplicated):
         gen.send(0)
@@ -189,7 +195,7 @@ def test_too_few_masters_answering_gives_back_what_it_took_then_says_so():
     down = LockBackendError("down")
     gen = redlock.acquire(quorum_plan())
     next(gen)
-    give_back = gen.send([[1, 5, 1], down, down])
+    give_back = as_call(gen.send([[1, 5, 1], down, down]))
     assert give_back.script.filename == "cancel.lua" and give_back.each
     with pytest.raises(NoReply, match="majority"):
         gen.send([0, down, down])
