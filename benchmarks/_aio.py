@@ -66,7 +66,7 @@ def uncontended(runs: int, rounds: int, per_round: int, count_cycles: int) -> di
 
 
 async def _uncontended(runs: int, rounds: int, per_round: int, count_cycles: int) -> dict[str, Any]:
-    from django_redislock import connection
+    from django_redislock.runtime import runtime
 
     sync = c.client()
     probe = c.ServerProbe(c.WORKER["server_pid"], sync)
@@ -95,7 +95,7 @@ async def _uncontended(runs: int, rounds: int, per_round: int, count_cycles: int
         for _ in range(50):
             await cycle()
     parsers = {
-        OURS_ASYNC: await _parser_of(await connection.async_client_for(sync)),
+        OURS_ASYNC: await _parser_of(await runtime.transport().async_client()),
         RP_ASYNC: await _parser_of(aconn),
     }
     sent: dict[str, dict[str, float]] = {}

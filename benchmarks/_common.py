@@ -13,9 +13,10 @@ Why these choices (``README.md`` has the long version):
   Lua script under its own name *as well as* inside the ``EVALSHA`` that ran it, so the sum over
   every command double counts; :func:`redis_time` splits it into the time of the commands the
   client sent (scripts included whole) and the part of that spent in commands inside scripts.
-- **Round trips** are counted on the client by wrapping redis-py's ``execute_command`` and
-  ``Pipeline.execute`` (sync and asyncio) in the benchmark processes only, and only while a
-  counting pass runs, so timed loops run unpatched code paths as far as possible.
+- **Round trips** are counted on the client by wrapping redis-py's public ``Redis.execute_command``
+  and ``Pipeline.execute`` (sync and asyncio) in the benchmark processes only, and only while a
+  counting pass runs. Our scripts go through them too: the transport calls ``client.evalsha``
+  (one ``execute_command("EVALSHA", ...)``), the watchdog a pipeline.
 - **Worker processes** are spawned (not forked) so each one starts clean: no inherited watchdog
   or listener threads, no shared connection pools; they are stopped by PID, never by name.
 """
@@ -384,31 +385,7 @@ class CommandCounter:
         redis.client.Pipeline.execute = execute  # type: ignore[method-assign]
         aclient.Redis.execute_command = aexecute_command  # type: ignore[method-assign]
         aclient.Pipeline.execute = aexecute  # type: ignore[method-assign]
-        self._install_direct()
         self.installed = True
-
-    def _install_direct(self) -> None:
-        """Count our scripts too where they bypass ``Redis.execute_command`` (kept connections,
-        ``connection.DirectCommands``); a fallback through the client counts once more, as it is
-        another round trip."""
-        from django_redislock import connection
-
-        counter = self
-        plain: Callable[..., Any] = connection.DirectCommands.execute_command
-        aplain: Callable[..., Any] = connection.AsyncDirectCommands.execute_command
-
-        def execute_command(self: Any, *args: Any) -> Any:
-            if counter.enabled:
-                counter._count(args[:1])
-            return plain(self, *args)
-
-        async def aexecute_command(self: Any, *args: Any) -> Any:
-            if counter.enabled:
-                counter._count(args[:1])
-            return await aplain(self, *args)
-
-        connection.DirectCommands.execute_command = execute_command  # type: ignore[method-assign]
-        connection.AsyncDirectCommands.execute_command = aexecute_command  # type: ignore[method-assign]
 
     def _note_pipeline(self, stack: Sequence[Any]) -> None:
         names = [(c[0] if isinstance(c, tuple) else c.args)[0] for c in stack]

@@ -123,12 +123,10 @@ def forked(
 
 
 #: Wake-up paths of the hand-off floor (section 2b): how a waiting process learns "your turn".
-RELAY_LEAN = (
-    "PUBLISH, read straight from the socket by a listener thread that opens the waiting "
+RELAY_LISTENER = (
+    "PUBLISH, read through redis-py's get_message by a listener thread that opens the waiting "
     "thread's gate (django-redislock's listener)"
 )
-RELAY_THREAD = "as the first, the listener reading through redis-py's get_message"
-RELAY_DIRECT_LEAN = "PUBLISH, read straight from the socket by the waiting thread itself"
 RELAY_DIRECT = "PUBLISH, read by the waiting thread itself through redis-py's get_message"
 RELAY_BLPOP = "RPUSH, the waiting thread blocked in BLPOP"
 RELAY_ASK = "as the first, and the passing process asks again (+1 PING)"
@@ -138,35 +136,29 @@ RELAY_SCRIPTS = (
 )
 RELAY_SCRIPTS_DIRECT = "as the last, the waiting thread reading its own wake-up (no listener)"
 RELAY_MODES = (
-    RELAY_LEAN,
-    RELAY_THREAD,
-    RELAY_DIRECT_LEAN,
+    RELAY_LISTENER,
     RELAY_DIRECT,
     RELAY_BLPOP,
     RELAY_ASK,
     RELAY_SCRIPTS,
     RELAY_SCRIPTS_DIRECT,
 )
-#: The paths that read published messages straight from the socket, as the engine's listener.
-_LEAN_MODES = (RELAY_LEAN, RELAY_DIRECT_LEAN, RELAY_ASK, RELAY_SCRIPTS, RELAY_SCRIPTS_DIRECT)
 #: The paths where a listener thread reads and opens the waiting thread's gate.
-_THREAD_MODES = (RELAY_LEAN, RELAY_THREAD, RELAY_ASK, RELAY_SCRIPTS)
+_THREAD_MODES = (RELAY_LISTENER, RELAY_ASK, RELAY_SCRIPTS)
 
 
-def _message_reader(pubsub: Any, lean: bool) -> tuple[Callable[[float], Any], bool]:
+def _message_reader(pubsub: Any) -> Callable[[float], Any]:
     """``read(timeout)``: the data of the next published message on ``pubsub`` (``None``: none
-    within ``timeout``, or not a message), read as the engine's wake-up listener reads it
-    (:func:`django_redislock.connection.pubsub_reader`) when ``lean`` and the connection allows
-    it, else through redis-py's ``get_message``; and whether it reads lean."""
-    from django_redislock import connection, wakeups
-
-    direct = connection.pubsub_reader(pubsub) if lean else None
-    raw = direct or wakeups._get_message(pubsub)
+    within ``timeout``, or not a message), read as the engine's wake-up listener
+    (:class:`django_redislock.wakeups.Listener`) reads it: redis-py's ``get_message``."""
 
     def read(timeout: float) -> Any:
-        return connection.message_data(raw(timeout))
+        message = pubsub.get_message(timeout=timeout)
+        if message is None or message.get("type") != "message":
+            return None
+        return message["data"]
 
-    return read, direct is not None
+    return read
 
 
 def _subscribe(conn: Any, channel: str) -> Any:
@@ -200,10 +192,9 @@ def relay(
     pubsub: Any = None
     listener: threading.Thread | None = None
     read: Callable[[float], Any] = lambda timeout: None  # noqa: E731
-    lean = False
     if mode != RELAY_BLPOP:
         pubsub = _subscribe(conn, mine)
-        read, lean = _message_reader(pubsub, mode in _LEAN_MODES)
+        read = _message_reader(pubsub)
     if mode in _THREAD_MODES:
 
         def listen() -> None:
@@ -243,7 +234,7 @@ def relay(
         pubsub.close()
     conn.delete(mine)
     conn.close()
-    return {"received": received, "cpu_s": cpu, "lean": lean}
+    return {"received": received, "cpu_s": cpu}
 
 
 def _passes(
@@ -274,35 +265,35 @@ def _scripts_loop(
     """One process of :data:`RELAY_SCRIPTS` (or :data:`RELAY_SCRIPTS_DIRECT`): section 2's lock
     loop done by our two scripts alone.
 
-    Acquire with a waiter id (a busy lock queues the caller in the same call, as ``Lock``
-    does); a queued caller waits for its hand-off message (``h <waiter> <token>``: on a single
-    Redis the release hands the lock over outright), read straight from the socket as the
-    engine's listener reads it, by a listener thread that opens the caller's gate (or, without
-    ``listener``, by the caller itself); the holder releases at once (the release hands the
-    lock to the oldest waiter and publishes to its process). Keys, arguments and the kept
-    connection are ``Lock``'s; no lock object, hold table, watchdog, statistics, ``Waiter`` or
-    flow. The process listens on a channel of its own (its process token + ``"f"``), not on
-    the engine listener's. With a listener thread: what our protocol costs per contended
-    acquisition, below which the engine cannot go; without: what a waiter reading its own
-    wake-up would save.
+    Acquire with the attempt id as waiter id and queueing on (a busy lock queues the caller in
+    the same call, as ``Lock`` does once its process listens); a queued caller waits for its
+    hand-off message (``h <waiter> <token>``: on a single Redis the release hands the lock over
+    outright), read through ``get_message`` as the engine's listener reads it, by a listener
+    thread that opens the caller's gate (or, without ``listener``, by the caller itself); it
+    calls again after 50 ms without one (a repeat of its attempt: it finds the lock handed to it,
+    or refreshes its queue entry). The holder releases at once (the release hands the lock to the
+    oldest waiter and publishes to its process). Calls are built by ``kinds.LockKind`` with the
+    keys and arguments of a ``Lock`` and run through its transport; no lock object, face, flow,
+    hold table, watchdog, statistics or ``Waiter``. The process listens on a channel of its own
+    (its process token + ``"f"``, which its attempt ids start with), not on the engine
+    listener's. With a listener thread: what our protocol costs per contended acquisition, below
+    which the engine cannot go; without: what a waiter reading its own wake-up would save.
     """
     import itertools
 
-    from django_redislock import Lock, engine, holds, scripts
+    from benchmarks._uncontended import LockCalls
 
-    spec = Lock(key, auto_renew=False)._spec()
-    run, keys = spec.target.runner, spec.script_keys
-    wake = list(spec.wake_args)
-    token = holds.process_token() + "f"
-    owner, meta = f"{token}-floor", holds.metadata()
-    entry_ms = int((spec.lease + engine.ENTRY_MARGIN) * 1000)
-    waiters = itertools.count()
+    calls = LockCalls(queue=True, here="")  # every hand-off by PUBLISH, as between processes
+    token = calls.runtime.token + "f"
+    owner = f"{token}-floor"
+    acquire_call, release_call, run, taken = calls.acquire, calls.release, calls.run, calls.taken
+    attempts = itertools.count()
     handed: set[str] = set()
     gate = threading.Lock()
     gate.acquire()
     stop = threading.Event()
-    pubsub = _subscribe(spec.target.client, spec.target.channel_prefix + token)
-    read, lean = _message_reader(pubsub, True)
+    pubsub = _subscribe(calls.transport.client, calls.target.channel_prefix + token)
+    read = _message_reader(pubsub)
 
     def take_message(timeout: float) -> bool:
         data = read(timeout)
@@ -319,16 +310,14 @@ def _scripts_loop(
                 with contextlib.suppress(RuntimeError):  # already open
                     gate.release()
 
-    def acquire() -> None:
-        waiter, entry = f"{token}.{next(waiters)}", ""
+    def acquire() -> str:
+        attempt = f"{token}.{next(attempts)}"
         while True:
-            args = [owner, spec.lease_ms, meta, waiter, entry_ms, entry, "0", *wake]
-            state = engine._taken(scripts.ACQUIRE(run, keys, args))
-            if int(state[0]) == 1:
-                return
-            entry = engine._text(state[2])  # queued: wait for the hand-off, re-check at 50 ms
-            deadline = time.perf_counter() + 0.05
-            while waiter not in handed:
+            if taken(run(acquire_call(key, owner, attempt))):
+                handed.discard(attempt)
+                return attempt
+            deadline = time.perf_counter() + 0.05  # queued: wait for the hand-off
+            while attempt not in handed:
                 left = deadline - time.perf_counter()
                 if left <= 0:
                     break
@@ -336,13 +325,13 @@ def _scripts_loop(
                     gate.acquire(timeout=left)
                 else:
                     take_message(left)
-            if waiter in handed:
-                handed.discard(waiter)
-                return
+            if attempt in handed:
+                handed.discard(attempt)
+                return attempt
 
     def one() -> bool:
-        acquire()
-        if int(scripts.RELEASE(run, keys, [owner, "0", *wake, ""])) != 0:
+        attempt = acquire()
+        if run(release_call(key, owner, attempt)) != 0:
             raise RuntimeError("scripts loop: a lock it held was not released")
         return True
 
@@ -354,7 +343,7 @@ def _scripts_loop(
     if thread is not None:
         thread.join()
     pubsub.close()
-    return {"received": received, "cpu_s": cpu, "lean": lean}
+    return {"received": received, "cpu_s": cpu}
 
 
 def many_keys(
@@ -546,7 +535,6 @@ def run_relay(
         passes: dict[str, list[float]] = {m: [] for m in RELAY_MODES}
         redis_cpu: dict[str, list[float]] = {m: [] for m in RELAY_MODES}
         client_cpu: dict[str, list[float]] = {m: [] for m in RELAY_MODES}
-        lean: dict[str, bool] = {m: True for m in RELAY_MODES}
         for r in range(rounds):
             shift = (run_index * rounds + r) % len(RELAY_MODES)
             for mode in RELAY_MODES[shift:] + RELAY_MODES[:shift]:
@@ -562,7 +550,6 @@ def run_relay(
                         timeout=warm + duration + 120,
                     )  # fmt: skip
                 received = sum(reply["received"] for reply in replies)
-                lean[mode] = lean[mode] and all(reply.get("lean", False) for reply in replies)
                 passes[mode].append(received / duration)
                 if received:
                     # Whole block (warm-up included) over counted passes: an upper bound.
@@ -576,7 +563,6 @@ def run_relay(
                     "passes_per_s": statistics.median(passes[mode]),
                     "redis_cpu_us": statistics.median(redis_cpu[mode] or [float("nan")]),
                     "client_cpu_us": statistics.median(client_cpu[mode] or [float("nan")]),
-                    "lean": lean[mode],
                 }
                 for mode in RELAY_MODES
             }
@@ -593,7 +579,7 @@ def run_relay(
 
 def relay_tables(res: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]]]:
     rows = []
-    base = [run[RELAY_LEAN]["passes_per_s"] for run in res["per_run"]]
+    base = [run[RELAY_LISTENER]["passes_per_s"] for run in res["per_run"]]
     for mode in res["modes"]:
         s = c.spreads([run[mode] for run in res["per_run"]])
         ratio = c.Spread.of(
@@ -626,38 +612,28 @@ def relay_tables(res: dict[str, Any]) -> dict[str, tuple[list[str], list[list[st
 
 
 def relay_notes(res: dict[str, Any]) -> list[str]:
-    notes = [
+    return [
         f"{res['runs']} runs x {res['rounds']} rounds x {res['duration']:g} s per path, paths "
         f"interleaved; figures: median of the runs (min{DASH}max). CPU per pass: the whole "
         "block (warm-up included) over the passes counted after it.",
         "A lock hand-off between processes does at least this: the release is the command, the "
         "next holder's wake-up the rest. django-redislock wakes waiters by the first path (one "
-        "subscribed connection per process, however many threads and tasks wait, read straight "
-        "from the socket into the hiredis reader); python-redis-lock by the BLPOP path (one "
-        "blocked connection per waiting thread).",
+        "subscribed connection per process, however many threads and tasks wait, read with "
+        "redis-py's get_message); python-redis-lock by the BLPOP path (one blocked connection "
+        "per waiting thread).",
         "'asks again': the floor of a lock loop like section 2's: a holder that releases "
         "(the pass) asks for the lock again at once, one more round trip per hand-off that "
         "competes for the same cores (django-redislock: its next acquire, which queues; "
         "python-redis-lock: a failed SET NX and a BLPOP).",
         "Our two scripts as a lock loop: section 2's loop with acquire.lua (a busy lock queues "
         "the caller) and release.lua (hands the lock to the oldest waiter, publishes to its "
-        "process), the keys, arguments and kept connection of a Lock, and no engine (lock "
-        "object, hold table, watchdog, statistics, flow). With a listener thread per process, "
-        "as the engine has: what our protocol costs per contended acquisition. Without one (the "
-        "waiting thread reads its own wake-up): what that design would save. A pass is an "
-        "acquisition here.",
+        "process), calls built by kinds.LockKind with the keys and arguments of a Lock and run "
+        "through its transport (redis-py's evalsha), and no engine (lock object, face, flow, "
+        "hold table, watchdog, statistics). With a listener thread per process, as the engine "
+        "has: what our protocol costs per contended acquisition. Without one (the waiting "
+        "thread reads its own wake-up): what that design would save. A pass is an acquisition "
+        "here.",
     ]
-    fell_back = [
-        mode
-        for mode in res["modes"]
-        if mode in _LEAN_MODES and not all(run.get(mode, {}).get("lean") for run in res["per_run"])
-    ]
-    if fell_back:
-        notes.append(
-            "Read through redis-py's get_message (no hiredis, or a connection the lean reader "
-            "does not serve): " + "; ".join(fell_back) + "."
-        )
-    return notes
 
 
 def empty() -> dict[str, Any]:
@@ -939,8 +915,9 @@ def many_keys_notes(res: dict[str, Any]) -> list[str]:
         f"{res['runs']} runs x {res['rounds']} rounds x {res['duration']:g} s per peer; an "
         "operation = construct the lock, acquire, release (latency of all three).",
         "Floor rows, same processes and threads, no lock object: two PINGs through redis-py's "
-        "pool; the minimal Lua lock and our own two scripts (with the arguments a Lock sends) "
-        "on the kept connection our scripts use, one owner per thread, a busy key retried at "
-        "once. The last row is what our protocol costs without the engine; the gap between it "
-        "and the first is the Python engine (hold table, watchdog, statistics, wake-ups).",
+        "pool; the minimal Lua lock (redis-py's evalsha) and our own two scripts (calls built "
+        "by kinds.LockKind with the arguments a Lock sends, through its transport), one owner "
+        "per thread, a busy key retried at once. The last row is what our protocol costs "
+        "without the engine; the gap between it and the first is the Python engine (face, "
+        "flow, hold table, watchdog, statistics).",
     ]

@@ -8,13 +8,15 @@ of each other and then summarised per run (median of the round ratios).
 Besides the three libraries, reference rows locate our cost:
 
 - ``2 x PING``: the floor of any two-round-trip protocol on this client and server;
-- ``django-redislock scripts only``: our acquire and release scripts called directly with
-  prepared arguments (``EVALSHA`` x 2, no engine code), i.e. what our Lua and its arguments cost.
-  The gap between it and ``django-redislock`` is the Python engine (validation, hold table,
-  watchdog registration, statistics);
+- ``django-redislock scripts only``: our acquire and release calls built by ``kinds.LockKind``
+  with the arguments a ``Lock`` sends, run through the transport ``Lock`` uses
+  (``RedisPyTransport.run``: redis-py's public ``evalsha``), ``EVALSHA`` x 2 and no engine code:
+  what our Lua, its arguments and redis-py's command path cost. The gap between it and
+  ``django-redislock`` is the Python engine (face, flow, hold table, watchdog registration,
+  statistics);
 - ``2 x EVALSHA empty``: a script whose body is ``return 1``, called twice with our exact keys
-  and arguments: what running *any* two scripts with them costs Redis (the floor of our Redis
-  command time and CPU while a lock is a script);
+  and arguments through the same transport: what running *any* two scripts with them costs
+  (the floor of our Redis command time and CPU while a lock is a script);
 - ``minimal Lua lock``: the smallest correct script lock (set-if-free with a lease; compare
   and delete), one key and two arguments like redis-py's release: what moving redis-py's
   ``SET NX`` into a script costs, before any feature (fencing token, re-entrancy, queue,
@@ -22,7 +24,7 @@ Besides the three libraries, reference rows locate our cost:
 
 The other rows reuse one lock object. Two more build a new lock object per cycle on a name never
 used before (``Lock(f"order:{pk}")`` with a new ``pk`` each time), ours and redis-py's: nothing
-kept per name or per object (our keys and script arguments, cached per name) can help there.
+kept per name or per object (a lock object caches its target and lease) can help there.
 The ratio of ours in that row is to redis-py's in its own.
 """
 
@@ -125,39 +127,115 @@ def _fresh_names(peer: str, conn: Any, prefix: str) -> Callable[[], None]:
     return redis_py
 
 
+class AdHocScript:
+    """A script of this benchmark, run through our transport like one of ``scripts.py``'s (the
+    transport needs its SHA1, its source for a ``NOSCRIPT``, and a way to name its errors)."""
+
+    def __init__(self, source: str, filename: str = "benchmark.lua") -> None:
+        import hashlib
+
+        self.source = source
+        self.filename = filename
+        self.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
+
+    def named(self, exc: Any) -> Any:
+        return exc
+
+
+class LockCalls:
+    """Our acquire and release calls for any name, built by ``kinds.LockKind`` with the arguments
+    a default blocking ``Lock`` sends on its first call (no queueing: nobody listens yet),
+    and run through the target's transport (``RedisPyTransport.run``: public ``evalsha``).
+
+    No lock object, face, flow, hold table, watchdog, statistics or signals: what our protocol
+    costs. Private API on purpose (these rows measure the engine); it breaks loudly when the
+    call builders move.
+    """
+
+    def __init__(self, *, queue: bool = False, here: str | None = None) -> None:
+        from django_redislock.flow import ENTRY_MARGIN
+        from django_redislock.kinds import LockKind
+        from django_redislock.runtime import runtime
+
+        self.runtime = runtime
+        self.kind = LockKind()
+        self.target = runtime.target()
+        self.transport = self.target.transport
+        self.lease = self.target.settings.timeout
+        self.queue = queue
+        self.meta = runtime.metadata()
+        # A blocking acquire without a deadline: the entry lives for a lease plus the margin.
+        self.entry_ms = int((self.lease + ENTRY_MARGIN) * 1000)
+        self.here = runtime.token if here is None else here
+
+    def acquire(self, name: str, owner: str, attempt: str) -> tuple[Any, list[str], list[Any]]:
+        return self.kind.acquire_call(
+            self.target,
+            name,
+            owner=owner,
+            attempt=attempt,
+            meta=self.meta,
+            lease=self.lease,
+            queue=self.queue,
+            entry_ms=self.entry_ms,
+            known="-",  # a default owner that holds nothing here
+        )
+
+    def release(self, name: str, owner: str, attempt: str) -> tuple[Any, list[str], list[Any]]:
+        return self.kind.release_call(
+            self.target,
+            name,
+            owner,
+            attempt=attempt,
+            token=None,
+            all_holds=False,
+            lease=self.lease,
+            here=self.here,
+        )
+
+    def run(self, call: tuple[Any, list[str], list[Any]]) -> Any:
+        script, keys, args = call
+        return self.transport.run(script, keys, args, "benchmark")
+
+    def taken(self, reply: Any) -> bool:
+        """Whether an acquire reply says held (busy: not taken)."""
+        from django_redislock.kinds import HELD
+
+        return bool(self.kind.read_acquire(reply).state == HELD)
+
+
 def _scripts_only(name: str, *, empty: bool = False) -> Callable[[], None]:
     """Our two scripts with the exact arguments ``Lock`` sends, minus all engine code.
 
-    Built from the engine's own call builders (private API: this is a benchmark of the engine),
-    so the arguments stay what a real ``Lock`` sends. ``empty``: the same calls to a script
-    that only returns (the floor of any script called with these arguments).
+    Both calls are built once by ``kinds.LockKind`` (one attempt id, reused: a release deletes
+    the record, so each cycle takes a free lock anew) and run through the transport ``Lock``
+    uses. ``empty``: the same calls, same transport, to a script that only returns (the floor of
+    any script called with these arguments).
     """
-    from django_redislock import Lock, holds, scripts
-    from django_redislock.engine import _taken
-
-    lock = Lock(name, auto_renew=False)
-    spec = lock._spec()
-    owner = lock.owner
-    acquire = lock._acquire_call(spec, owner, holds.metadata(), "", "", 2000)
-    release, _ = lock._release_call(False, owner)
-    client = spec.target.runner  # what Lock's scripts run through
-    keys, a_args, r_args = spec.script_keys, acquire.args, release.args
-    run_acquire, run_release = scripts.ACQUIRE, scripts.RELEASE
+    calls = LockCalls()
+    owner, attempt = calls.runtime.thread_owner(), calls.runtime.new_attempt_id()
+    acquire, release = calls.acquire(name, owner, attempt), calls.release(name, owner, attempt)
+    run = calls.transport.run
     if empty:
-        sha = spec.target.client.script_load("return 1")
-        acquire_args = ("EVALSHA", sha, len(keys), *keys, *a_args)
-        release_args = ("EVALSHA", sha, len(keys), *keys, *r_args)
-        run = client.execute_command
+        nothing = AdHocScript("return 1")
+        a_keys, a_args = acquire[1], acquire[2]
+        r_keys, r_args = release[1], release[2]
 
         def empty_cycle() -> None:
-            run(*acquire_args)
-            run(*release_args)
+            run(nothing, a_keys, a_args, "benchmark")
+            run(nothing, r_keys, r_args, "benchmark")
 
         return empty_cycle
 
+    a_script, a_keys, a_args = acquire
+    r_script, r_keys, r_args = release
+    taken = calls.taken
+
     def cycle() -> None:
-        state = _taken(run_acquire(client, keys, a_args))  # the engine's reading
-        if int(state[0]) != 1 or int(run_release(client, keys, r_args)) != 0:
+        if (
+            not taken(run(a_script, a_keys, a_args, "benchmark"))
+            or run(r_script, r_keys, r_args, "benchmark") != 0
+        ):
             raise RuntimeError("scripts-only cycle did not acquire and release")
 
     return cycle
@@ -173,19 +251,17 @@ MINIMAL_RELEASE = (
 
 
 def minimal_lua(conn: Any) -> Callable[[str, str], bool]:
-    """One cycle of the smallest correct script lock, on the kept connection our scripts use:
-    ``cycle(name, owner)`` takes and releases ``name``; ``False`` when another owner holds it.
-    Section 3 runs the same cycle on its random keys."""
-    from django_redislock import connection
-
-    run = connection.command_runner(conn).execute_command
+    """One cycle of the smallest correct script lock through redis-py's public ``evalsha``
+    (the path our transport takes): ``cycle(name, owner)`` takes and releases ``name``;
+    ``False`` when another owner holds it. Section 3 runs the same cycle on its random keys."""
+    evalsha = conn.evalsha
     lease_ms = c.LEASE * 1000
     acquire, release = conn.script_load(MINIMAL_ACQUIRE), conn.script_load(MINIMAL_RELEASE)
 
     def cycle(name: str, owner: str) -> bool:
-        if run("EVALSHA", acquire, 1, name, owner, lease_ms) != 1:
+        if evalsha(acquire, 1, name, owner, lease_ms) != 1:
             return False
-        if run("EVALSHA", release, 1, name, owner) != 1:
+        if evalsha(release, 1, name, owner) != 1:
             raise RuntimeError("minimal Lua lock: a lock just taken was not released")
         return True
 
@@ -194,29 +270,19 @@ def minimal_lua(conn: Any) -> Callable[[str, str], bool]:
 
 def scripts_cycle() -> Callable[[str, str], bool]:
     """Our acquire and release scripts on any name, without the engine: ``cycle(name, owner)``
-    takes and releases ``name`` with the arguments ``Lock`` sends (built from the engine's own
-    key space and settings), on the kept connection ``Lock`` uses; ``False`` when another owner
-    holds it. No lock object, hold table, watchdog, statistics or wake-up: what our protocol
-    costs, for section 3's floor row."""
-    from django_redislock import Lock, engine, holds, scripts
-
-    probe = Lock("bench:scripts-floor", auto_renew=False)
-    spec = probe._spec()
-    space, run = spec.target.keys, spec.target.runner
-    wake = list(spec.wake_args)
-    meta, here = holds.metadata(), holds.process_token()
-    entry_ms = int((spec.lease + engine.ENTRY_MARGIN) * 1000)
-    acquire, release = scripts.ACQUIRE, scripts.RELEASE
-    keys: dict[str, list[str]] = {}
+    takes and releases ``name`` with the arguments ``Lock`` sends (built by ``LockKind`` per
+    call, a new attempt id each time), through the transport ``Lock`` uses; ``False`` when
+    another owner holds it. No lock object, hold table, watchdog, statistics or wake-up: what
+    our protocol costs, for section 3's floor row."""
+    calls = LockCalls()
+    new_attempt = calls.runtime.new_attempt_id
+    acquire, release, run, taken = calls.acquire, calls.release, calls.run, calls.taken
 
     def cycle(name: str, owner: str) -> bool:
-        found = keys.get(name)
-        if found is None:
-            found = keys[name] = [space.lock(name), space.fence(name), space.queue(name)]
-        state = acquire(run, found, [owner, spec.lease_ms, meta, "", entry_ms, "", "0", *wake])
-        if type(state) is not int and int(state[0]) != 1:  # an int: the token of a free lock
+        attempt = new_attempt()
+        if not taken(run(acquire(name, owner, attempt))):
             return False
-        if int(release(run, found, [owner, "0", *wake, here])) != 0:
+        if run(release(name, owner, attempt)) != 0:
             raise RuntimeError("scripts floor: a lock just taken was not released")
         return True
 
@@ -392,40 +458,61 @@ def _areas(stats: pstats.Stats, cycles: int) -> dict[str, float]:
 def _pieces(lock: Any) -> dict[str, float]:
     """Unprofiled cost of engine pieces a cycle runs once or twice (µs per call, best of 3).
 
-    Private API on purpose (this benchmarks the engine); a piece whose API moved reads NaN.
+    Private API on purpose (this benchmarks the engine): a piece whose API moved raises, so the
+    profile fails loudly instead of reporting a figure of something that no longer exists.
     """
     import timeit
 
-    from django_redislock import Lock, holds, stats, wakeups
-    from django_redislock.watchdog import watchdog
+    from django_redislock import Lock, drivers, flow, stats, wakeups
+    from django_redislock.runtime import runtime
 
     out: dict[str, float] = {}
 
     def measure(label: str, fn: Callable[[], Any], number: int = 20_000) -> None:
-        try:
-            best = min(timeit.repeat(fn, number=number, repeat=3))
-        except Exception:
-            best = float("nan")
+        best = min(timeit.repeat(fn, number=number, repeat=3))
         out[label] = best / number * 1e6
 
     def waiter() -> None:
-        w = wakeups.Waiter(holds.new_waiter_id())
-        wakeups.register(w)
-        wakeups.unregister(w)
+        w = wakeups.Waiter(runtime.new_attempt_id())
+        runtime.waiters.register(w)
+        runtime.waiters.unregister(w)
 
     lock.acquire()
     hold = lock._hold()
     lock.release()
+    if hold is None:
+        raise RuntimeError("profile: the lock left no hold to measure the watchdog with")
 
     def watch() -> None:
-        watchdog.register(hold)
-        watchdog.unregister(hold)
+        runtime.watchdog.register(hold)
+        runtime.watchdog.unregister(hold)
+
+    def attempt() -> None:
+        # What a blocking acquire prepares before its first call: the plan, the attempt, the
+        # flow (a generator) and its first operation (the acquire call's arguments).
+        prepared = lock._attempt(None, None)
+        flow.acquire(prepared.plan).send(None)
+
+    calls = LockCalls()
+    owner = runtime.thread_owner()
+    plan = lock._attempt(None, None).plan
 
     measure("Lock(name) construction (validation)", lambda: Lock("bench:piece"))
-    measure("lock._spec() (settings check, cached keys)", lock._spec)
+    measure("lock._spec() (settings check, cached target)", lock._spec)
     measure("lock.owner (default owner string)", lambda: lock.owner)
-    measure("holds.metadata() (holder JSON, task-id providers)", holds.metadata)
-    measure("holds._current_task_id() (task-id providers)", holds._current_task_id)
+    measure("runtime.new_attempt_id() (attempt id, also the waiter id)", runtime.new_attempt_id)
+    measure("runtime.metadata() (holder JSON, task-id providers)", runtime.metadata)
+    measure("runtime._current_task_id() (task-id providers)", runtime._current_task_id)
+    measure(
+        "LockKind.acquire_call (keys and arguments of the acquire script)",
+        lambda: calls.acquire("bench:piece", owner, "x.1"),
+    )
+    measure("flow.Plan.acquire_call (entry ms, the call object)", plan.acquire_call)
+    measure("lock._attempt() + flow up to its first call (plan, attempt, generator)", attempt)
+    measure(
+        "drivers.Attempt + close (the driver's bookkeeping)",
+        lambda: drivers.Attempt(plan=plan).close(),
+    )
     measure("Waiter() + register + unregister (a blocking acquire that finds it busy)", waiter)
     measure("watchdog.register + unregister", watch)
     name = lock.stats_name
@@ -464,17 +551,19 @@ def _pieces(lock: Any) -> dict[str, float]:
 def _ladder(rounds: int, per_round: int) -> list[dict[str, Any]]:
     """Cumulative ablations of one default cycle, interleaved: what each engine piece costs.
 
-    Each rung removes one more piece (private API, monkeypatched in this process only):
-    what a blocking first attempt prepares in case the lock is busy (the attempt, the listener
-    and a waiter id, the driver that runs the flow), the holder metadata, auto-renewal, the
-    statistics (``stats.record``), down to our two scripts alone. Every rung runs its scripts
-    where ``Lock`` does (the kept connection, ``spec.target.runner``), so each step is one piece
-    of the engine and nothing else.
+    Each rung removes one more piece (private API, monkeypatched in this process only): the
+    sans-I/O flow and its driver (plan, attempt, generator: the rung builds the acquire call with
+    ``LockKind`` and runs it through the transport, then records the hold as ``Lock`` does), the
+    holder metadata, auto-renewal, the statistics (``stats.record``), down to our two scripts
+    alone. Every rung runs its scripts through the transport ``Lock`` uses, so each step is one
+    piece of the engine and nothing else.
     """
-    from django_redislock import Lock, connection, holds, scripts, stats
-    from django_redislock.engine import ENTRY_MARGIN, _taken
+    from django_redislock import Lock, stats
+    from django_redislock.flow import Acquired
+    from django_redislock.runtime import runtime
 
-    meta = holds.metadata()
+    calls = LockCalls()
+    meta = runtime.metadata()
 
     class Rung(Lock):
         fast = False
@@ -486,15 +575,25 @@ def _ladder(rounds: int, per_round: int) -> list[dict[str, Any]]:
             if not self.fast:
                 return super().acquire(blocking, blocking_timeout)
             spec, owner, started = self._spec(), self.owner, time.monotonic()
-            data = meta if self.const_meta else holds.metadata(self._task_id, queued=self._queued)
-            entry_ms = int((spec.lease + ENTRY_MARGIN) * 1000)
-            call = self._acquire_call(spec, owner, data, "", "", entry_ms)
-            with connection.backend_errors(call.action):
-                reply = call.script(spec.target.runner, call.keys, call.args)
-            state, value, extra = _taken(reply)
-            if int(state) != 1:
+            attempt = runtime.new_attempt_id()
+            data = meta if self.const_meta else runtime.metadata(self._task_id)
+            script, keys, args = self.kind.acquire_call(
+                spec.target,
+                self.name,
+                owner=owner,
+                attempt=attempt,
+                meta=data,
+                lease=spec.lease,
+                queue=False,
+                entry_ms=calls.entry_ms,
+                known=self._known(owner),
+            )
+            reply = spec.target.transport.run(script, keys, args, "benchmark")
+            got = self.kind.read_acquire(reply)
+            if not calls.taken(reply):
                 raise RuntimeError("ladder lock was busy")
-            return self._acquired(spec, owner, int(value), int(extra), started, False)
+            plan = _PlanFacts(owner=owner, attempt=attempt, started=started)
+            return self._finish(_AttemptFacts(plan), Acquired(got.token, got.count, False))
 
     def rung(name: str, fast: bool, const_meta: bool, auto_renew: bool | None) -> Rung:
         lock = Rung(name, auto_renew=auto_renew)
@@ -505,7 +604,7 @@ def _ladder(rounds: int, per_round: int) -> list[dict[str, Any]]:
 
     def silenced(lock: Rung) -> Callable[[], None]:
         def cycle() -> None:
-            stats.record = _no_receivers  # the engine calls ``stats.record`` by module attribute
+            stats.record = _no_receivers  # the faces call ``stats.record`` by module attribute
             try:
                 lock.acquire()
                 lock.release()
@@ -521,19 +620,9 @@ def _ladder(rounds: int, per_round: int) -> list[dict[str, Any]]:
 
         return cycle
 
-    bare = Lock("bench:ladder:scripts", auto_renew=False)
-    spec, owner = bare._spec(), bare.owner
-    acquire = bare._acquire_call(spec, owner, meta, "", "", 2000)
-    release, _ = bare._release_call(False, owner)
-    client = spec.target.runner
-
-    def scripts_only() -> None:
-        scripts.ACQUIRE(client, acquire.keys, acquire.args)
-        scripts.RELEASE(client, release.keys, release.args)
-
     rungs: dict[str, Callable[[], None]] = {
         "default Lock cycle": plain(rung("bench:ladder:a", False, False, None)),
-        "- first-attempt set-up of a blocking acquire (attempt, listener, driver)": plain(
+        "- flow and driver (plan, attempt, generator; first call made directly)": plain(
             rung("bench:ladder:b", True, False, None)
         ),
         "- holder metadata (constant)": plain(rung("bench:ladder:c", True, True, None)),
@@ -541,7 +630,9 @@ def _ladder(rounds: int, per_round: int) -> list[dict[str, Any]]:
         "- statistics (stats.record on acquire and release)": silenced(
             rung("bench:ladder:e", True, True, False)
         ),
-        "= our two scripts alone": scripts_only,
+        "= our two scripts alone (LockKind calls through the transport)": _scripts_only(
+            "bench:ladder:scripts"
+        ),
     }
     wall: dict[str, list[float]] = {k: [] for k in rungs}
     cpu = dict.fromkeys(rungs, 0.0)
@@ -562,6 +653,18 @@ def _ladder(rounds: int, per_round: int) -> list[dict[str, Any]]:
         {"rung": k, "wall_us": statistics.median(wall[k]) * 1e6, "cpu_us": cpu[k] / n * 1e6}
         for k in order
     ]
+
+
+class _PlanFacts:
+    """What ``Face._finish`` reads of a plan (the ladder's direct first call has none)."""
+
+    def __init__(self, *, owner: str, attempt: str, started: float) -> None:
+        self.owner, self.attempt, self.started = owner, attempt, started
+
+
+class _AttemptFacts:
+    def __init__(self, plan: _PlanFacts) -> None:
+        self.plan = plan
 
 
 def _no_receivers(*args: Any, **kwargs: Any) -> list[Any]:
@@ -689,7 +792,7 @@ def profile_lines(res: dict[str, Any]) -> list[str]:
         )
     lines.append("profiled time per cycle by area (µs, profiler overhead included):")
     lines += [f"  {us:7.1f}  {area}" for area, us in res["areas"].items()]
-    lines.append("engine pieces, unprofiled (timeit, µs per call; a cycle runs each once):")
+    lines.append("engine pieces, unprofiled (timeit, µs per call; a cycle runs most once):")
     lines += [f"  {us:7.2f}  {label}" for label, us in res["pieces"].items()]
     lines.append(
         "ablation ladder (interleaved, 200-cycle blocks): each rung removes one more piece"

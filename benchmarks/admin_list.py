@@ -95,8 +95,7 @@ def main() -> None:
         from django.test.utils import setup_test_environment
         from django.urls import reverse
 
-        from django_redislock.connection import get_client
-        from django_redislock.runtime import keyspace
+        from django_redislock.runtime import get_client, keyspace
 
         setup_test_environment()
         call_command("migrate", verbosity=0)
