@@ -10,7 +10,7 @@
 #   make test-chaos         lost replies, cancellations, lossy failovers: chaos workers + history checker
 #   make test-bench         the benchmark harness smoke test (bench_locks.py --quick, every section)
 #   make coverage           line coverage of the package by the in-process tests (printed; a CI step)
-#   make test-flavours      the core again on a bare CACHES entry and on Django's RedisCache
+#   make test-flavours      the core again on a bare CACHES entry, on Django's RedisCache and on the lean transport
 #   make docs [DOCS_PORT=8001]  the documentation site (docs/, mkdocs.yml): strict build, then served with live reload
 #   make docs-check         strict build of the docs into build/site: a warning, a broken link or anchor fails (a CI step)
 #   make lint               ruff check + ruff format --check
@@ -86,10 +86,11 @@ test-chaos: venv system-deps
 	$(PY) -m pytest $(CHAOS_TESTS) $(ARGS)
 
 # The core of the suite again with the lock cache as new users configure it: no OPTIONS at all
-# (redis-py's own defaults), and Django's own RedisCache.
+# (redis-py's own defaults), and Django's own RedisCache; then on the other transport ("lean").
 test-flavours: venv system-deps
 	REDISLOCK_TEST_CACHE=bare $(PY) -m pytest $(FLAVOUR_TESTS) $(ARGS)
 	REDISLOCK_TEST_CACHE=builtin $(PY) -m pytest $(FLAVOUR_TESTS) $(ARGS)
+	REDISLOCK_TEST_TRANSPORT=lean $(PY) -m pytest $(FLAVOUR_TESTS) $(ARGS)
 
 coverage: venv system-deps
 	$(BIN)/coverage erase

@@ -131,16 +131,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     ]
     if isinstance(raw, dict) and raw.get("CLIENT"):
         messages += _client_messages(raw["CLIENT"])
-    if isinstance(raw, dict) and raw.get("TRANSPORT") == "lean":
-        messages.append(
-            Warning(
-                "REDISLOCK['TRANSPORT'] is 'lean', which this version does not have: scripts "
-                "go through redis-py's public API ('redis-py').",
-                hint="Remove REDISLOCK['TRANSPORT']. The redis-py transport costs no more than "
-                "the lean one did (see the docs: Performance).",
-                id="django_redislock.W004",
-            )
-        )
     caches = getattr(settings, "CACHES", {})
     for alias in _lock_aliases():
         if alias not in caches:

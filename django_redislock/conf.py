@@ -44,10 +44,9 @@ DEFAULTS: Mapping[str, Any] = {
     "TRANSPORT": "redis-py",
 }
 
-#: The transports this version has: how scripts reach Redis (see ``transport.py``). "lean"
-#: (redis-py internals, opt-in) is named by the contract; this version has none, so it falls
-#: back to "redis-py" with a warning (check W004).
-TRANSPORTS = ("redis-py",)
+#: The transports: how scripts reach Redis (see ``transport.py``). Both use redis-py's public
+#: API only; "lean" keeps a connection per thread (opt-in: connections grow with threads).
+TRANSPORTS = ("redis-py", "lean")
 
 
 @dataclass(frozen=True)
@@ -200,13 +199,14 @@ def validate_settings(raw: object) -> list[tuple[str, str, str]]:
             )
         )
     transport = raw.get("TRANSPORT", DEFAULTS["TRANSPORT"])
-    if transport not in (*TRANSPORTS, "lean"):
+    if transport not in TRANSPORTS:
         problems.append(
             (
                 "E015",
                 f"REDISLOCK['TRANSPORT'] must be one of {', '.join(map(repr, TRANSPORTS))}, not "
                 f"{transport!r}.",
-                "Leave it out for redis-py's public API (the default).",
+                "Leave it out for the default ('redis-py'), or 'lean' for a connection kept "
+                "per thread.",
             )
         )
     for key in ("AUTO_RENEW", "STATS"):
@@ -241,7 +241,7 @@ def get_settings() -> LockSettings:
         auto_renew=merged["AUTO_RENEW"],
         blocking_timeout=None if blocking is None else float(blocking),
         stats=merged["STATS"],
-        transport=merged["TRANSPORT"] if merged["TRANSPORT"] in TRANSPORTS else "redis-py",
+        transport=merged["TRANSPORT"],
     )
 
 

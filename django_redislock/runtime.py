@@ -31,7 +31,7 @@ from django_redislock import connection, targets
 from django_redislock.conf import get_settings
 from django_redislock.holds import HoldTable
 from django_redislock.keys import KeySpace, namespace_of
-from django_redislock.transport import RedisPyTransport, Transport
+from django_redislock.transport import LeanTransport, RedisPyTransport, Transport
 from django_redislock.wakeups import Listener, WaiterRegistry
 from django_redislock.watchdog import Watchdog, install_exit_handler
 
@@ -149,7 +149,8 @@ class Runtime:
             with self._mutex:
                 found = self._transports.get(alias)
                 if found is None:
-                    found = self._transports[alias] = RedisPyTransport(self.client(alias))
+                    kind = LeanTransport if get_settings().transport == "lean" else RedisPyTransport
+                    found = self._transports[alias] = kind(self.client(alias))
         return found
 
     def keyspace(self, using: str | None = None) -> KeySpace:

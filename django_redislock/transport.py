@@ -31,6 +31,7 @@ import weakref
 from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import Any, Protocol
 
+from redis import Redis
 from redis import exceptions as redis_errors
 
 from django_redislock import connection
@@ -177,7 +178,12 @@ class RedisPyTransport:
         self._loaded_for_wait: set[tuple[int, str]] = set()
 
     def __repr__(self) -> str:
-        return f"<RedisPyTransport {self.client!r}>"
+        return f"<{type(self).__name__} {self.client!r}>"
+
+    def _caller(self) -> Any:
+        """The client a single call goes through: the shared one (a connection from its pool
+        per call)."""
+        return self.client
 
     # -- sync --------------------------------------------------------------------------------
     def run(self, script: Script, keys: Sequence[str], args: Sequence[Any], action: str) -> Any:
@@ -185,7 +191,7 @@ class RedisPyTransport:
         pause = 0.001
         while True:
             try:
-                return _migrating(lambda: _evalsha(self.client, script, keys, args))
+                return _migrating(lambda: _evalsha(self._caller(), script, keys, args))
             except Exception as exc:
                 if not _is_redis_error(exc):
                     raise
@@ -290,6 +296,44 @@ class RedisPyTransport:
 
     def close(self) -> None:
         self._loops = weakref.WeakKeyDictionary()
+
+
+class LeanTransport(RedisPyTransport):
+    """``REDISLOCK["TRANSPORT"] = "lean"``: each thread keeps one connection of the pool for its
+    single calls, so a call skips the pool's checkout and return (about a tenth of an
+    uncontended cycle; see the docs' Performance page).
+
+    Still redis-py's public API only: a per-thread ``Redis(connection_pool=...,
+    single_connection_client=True)`` over the same pool. What it costs: a thread that used a
+    lock holds one connection until it ends (threading.local drops the client, which gives the
+    connection back), so connections grow with the threads that use locks, not with the calls
+    in flight — a pool with ``max_connections`` below that number makes calls wait for a
+    connection and fail. Pipelines (``WAIT``, batched renewals), the listener and asyncio take
+    connections as the default transport does. On a Cluster it is the default transport.
+    """
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        self._kept = threading.local()
+
+    def _caller(self) -> Any:
+        if self.cluster:
+            return self.client
+        kept = getattr(self._kept, "client", None)
+        if kept is None:
+            # Takes its connection now (a full pool raises here: nothing was sent).
+            kept = Redis(connection_pool=self.client.connection_pool, single_connection_client=True)
+            self._kept.client = kept
+            return kept
+        # What the pool checks at each checkout: a connection the server closed (a restart, an
+        # idle timeout, CLIENT KILL) reads EOF; drop it so the call reconnects before sending.
+        conn = kept.connection
+        try:
+            if conn is not None and conn.can_read():
+                raise redis_errors.ConnectionError("data or EOF on an idle connection")
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
+            conn.disconnect()
+        return kept
 
 
 class _LoopClient:

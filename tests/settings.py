@@ -114,6 +114,9 @@ CACHES = {
 }
 
 REDISLOCK: dict[str, object] = {}
+#: REDISLOCK_TEST_TRANSPORT runs the suite on another transport (`make test-flavours`: "lean").
+if os.environ.get("REDISLOCK_TEST_TRANSPORT"):
+    REDISLOCK["TRANSPORT"] = os.environ["REDISLOCK_TEST_TRANSPORT"]
 if os.environ.get("REDISLOCK_TEST_CLUSTER_NODES"):
     # A child process of a cluster test (a Celery worker): locks on the test's Redis Cluster.
     REDISLOCK = {"CLIENT": "tests.topology_clients.client"}

@@ -38,11 +38,22 @@ def test_default_settings_pass(settings):
         ({"BLOCKING_TIMEOUT": -1}, "django_redislock.E007"),
         ({"AUTO_RENEW": "yes"}, "django_redislock.E008"),
         ({"CACHE": "locmem"}, "django_redislock.E009"),
+        ({"TRANSPORT": "fast"}, "django_redislock.E015"),
+        ({"TRANSPORT": None}, "django_redislock.E015"),
     ],
 )
 def test_bad_setting_is_an_error(settings, value, expected):
     settings.REDISLOCK = value
     assert expected in ids(check_settings())
+
+
+@pytest.mark.parametrize("transport", ["redis-py", "lean"])
+def test_both_transports_are_accepted(settings, transport):
+    settings.REDISLOCK = {"TRANSPORT": transport}
+    assert [m for m in check_settings() if m.level >= 40] == []
+    lock = Lock("transport-" + transport)
+    assert lock.acquire(blocking=False)
+    lock.release()
 
 
 REDIS_PY_DEFAULT_TIMEOUT = int(redis.__version__.split(".")[0]) >= 8

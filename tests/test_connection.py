@@ -9,6 +9,7 @@ a pool, and a wake-up subscription) each.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import re
 import threading
@@ -26,6 +27,7 @@ from django_redislock import AsyncLock, Lock, LockBackendError
 from django_redislock.connection import socket_timeout
 from django_redislock.runtime import runtime
 from django_redislock.testing import free_port
+from django_redislock.transport import LeanTransport
 from tests.conftest import async_client_of, wait_for
 
 PACKAGE = Path(__file__).resolve().parent.parent / "django_redislock"
@@ -274,3 +276,57 @@ def unreachable_cluster() -> Any:
     from redis.cluster import RedisCluster
 
     return RedisCluster(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.5)
+
+
+# -- the lean transport ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def lean(settings: Any) -> LeanTransport:
+    settings.REDISLOCK = {**settings.REDISLOCK, "TRANSPORT": "lean"}
+    transport = runtime.transport()
+    assert isinstance(transport, LeanTransport)
+    return transport
+
+
+def _connections(redis_client: Any) -> int:
+    return len(redis_client.client_list())
+
+
+def test_the_lean_transport_keeps_one_connection_per_thread_and_gives_it_back(lean, redis_client):
+    lock = Lock("lean-kept")
+    lock.acquire()  # this thread's connection, and the listener's if any, exist from here on
+    lock.release()
+    before = _connections(redis_client)
+    for _ in range(50):
+        lock.acquire()
+        lock.release()
+    assert _connections(redis_client) == before  # the same kept connection every call
+
+    def cycles() -> None:
+        mine = Lock("lean-kept")
+        for _ in range(20):
+            mine.acquire()
+            mine.release()
+
+    for _round in range(3):  # threads that end give their connection back to the pool
+        threads = [threading.Thread(target=cycles) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        gc.collect()
+    # one per thread of a round (not 12: the ended threads gave theirs back), plus the wake-up
+    # listener's subscription once the threads contended
+    assert _connections(redis_client) <= before + 4 + 1
+
+
+def test_the_lean_transport_reconnects_a_kept_connection_the_server_closed(lean, redis_client):
+    lock = Lock("lean-killed")
+    lock.acquire()
+    lock.release()
+    mine = redis_client.client_id()
+    killed = redis_client.client_kill_filter(_type="normal", skipme=True)
+    assert killed >= 1 and redis_client.client_id() == mine
+    assert lock.acquire(blocking=False)  # reconnected before sending: no error, no unknown
+    lock.release()
