@@ -12,12 +12,15 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from django_redislock.conf import DEFAULTS, validate_settings
-from django_redislock.connection import backend_kind, configured_socket_timeout
+from django_redislock.connection import (
+    backend_kind,
+    configured_socket_timeout,
+    options_problems,
+    shared_cache_aliases,
+)
 
 __all__ = ["check_cluster_client", "check_eviction_policy", "check_settings", "register_checks"]
 
-#: OPTIONS keys of Django's RedisCache that hold timeouts, as django-redis spells them.
-_UPPER_TIMEOUTS = ("SOCKET_TIMEOUT", "SOCKET_CONNECT_TIMEOUT")
 _LOWER_TIMEOUTS = ("socket_timeout", "socket_connect_timeout")
 
 
@@ -78,20 +81,14 @@ def _backend_messages(alias: str, config: dict[str, Any]) -> list[CheckMessage]:
                 id="django_redislock.E009",
             )
         ]
-    if kind == "builtin":
-        upper = sorted(k for k in options if isinstance(k, str) and k != k.lower())
-        if upper:
-            return [
-                Error(
-                    f"CACHES[{alias!r}] (Django's RedisCache) has OPTIONS {', '.join(upper)}: "
-                    "Django passes OPTIONS to redis-py as keyword arguments, so the first "
-                    "cache or lock call would fail with a TypeError.",
-                    hint="Spell them as redis-py does, in lower case: "
-                    "OPTIONS = {'socket_connect_timeout': 2, 'socket_timeout': 5}.",
-                    id="django_redislock.E010",
-                )
-            ]
-    messages: list[CheckMessage] = []
+    messages: list[CheckMessage] = [
+        (Error if ident.startswith("E") else Warning)(
+            message, hint=hint, id=f"django_redislock.{ident}"
+        )
+        for ident, message, hint in options_problems(alias, config)
+    ]
+    if kind == "builtin" and messages:
+        return messages  # the timeout check below would read the misspelled keys
     if kind == "django-redis":
         lower = sorted(k for k in _LOWER_TIMEOUTS if k in options)
         if lower:
@@ -144,7 +141,35 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         else:
             messages += _backend_messages(alias, caches[alias])
+            messages += _shared_cache_messages(alias)
     return messages
+
+
+def _shared_cache_messages(alias: str) -> list[CheckMessage]:
+    """W005: the locks' database is also a cache's, so ``cache.clear()`` (``FLUSHDB``) drops
+    every held lock; see :func:`~django_redislock.connection.shared_cache_aliases`."""
+    shared = shared_cache_aliases(alias)
+    if not shared:
+        return []
+    what = []
+    if alias in shared:
+        what.append("Django's default cache")
+    others = [a for a in shared if a != alias]
+    if others:
+        names = ", ".join(f"CACHES[{a!r}]" for a in others)
+        what.append(f"the Redis database of {names}")
+    return [
+        Warning(
+            f"Locks are stored in CACHES[{alias!r}], which is also {' and '.join(what)}: "
+            "cache.clear() there runs FLUSHDB and silently drops every held lock and fencing "
+            "counter (a holder then finds its lock lost, and a second owner may take it).",
+            hint="Give locks an alias and a database of their own, e.g. CACHES['locks'] = "
+            "{'BACKEND': ..., 'LOCATION': 'redis://127.0.0.1:6379/1'} with REDISLOCK = "
+            "{'CACHE': 'locks'}; or, if nothing ever clears that cache, silence this with "
+            "SILENCED_SYSTEM_CHECKS = ['django_redislock.W005'].",
+            id="django_redislock.W005",
+        )
+    ]
 
 
 def check_eviction_policy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:

@@ -6,8 +6,9 @@ the cache is dropped on Django's ``setting_changed`` signal so ``override_settin
 
 from __future__ import annotations
 
+import difflib
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,8 @@ __all__ = [
     "LockSettings",
     "check_seconds",
     "get_settings",
+    "not_installed_problem",
+    "suggest",
     "validate_settings",
 ]
 
@@ -110,6 +113,20 @@ def check_seconds(
     return float(value)  # type: ignore[arg-type]
 
 
+def suggest(word: object, choices: Iterable[str]) -> str | None:
+    """The closest of ``choices`` to a mistyped ``word`` (case-insensitive), or ``None``."""
+    if not isinstance(word, str):
+        return None
+    by_lower = {choice.lower(): choice for choice in choices}
+    close = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.75)
+    return by_lower[close[0]] if close else None
+
+
+def _with_suggestion(key: object) -> str:
+    match = suggest(key, DEFAULTS)
+    return f"{key} (did you mean {match}?)" if match else str(key)
+
+
 def validate_settings(raw: object) -> list[tuple[str, str, str]]:
     """Return ``(id, message, hint)`` for every problem in a ``REDISLOCK`` value.
 
@@ -125,12 +142,12 @@ def validate_settings(raw: object) -> list[tuple[str, str, str]]:
             )
         ]
     problems: list[tuple[str, str, str]] = []
-    unknown = sorted(set(raw) - set(DEFAULTS))
+    unknown = sorted(set(raw) - set(DEFAULTS), key=str)
     if unknown:
         problems.append(
             (
                 "E003",
-                f"Unknown REDISLOCK key(s): {', '.join(map(str, unknown))}.",
+                f"Unknown REDISLOCK key(s): {', '.join(map(_with_suggestion, unknown))}.",
                 f"Valid keys are {', '.join(DEFAULTS)}.",
             )
         )
@@ -215,11 +232,34 @@ def validate_settings(raw: object) -> list[tuple[str, str, str]]:
     return problems
 
 
+def not_installed_problem() -> str | None:
+    """Why the package cannot be used as configured when ``django_redislock`` is missing from
+    ``INSTALLED_APPS`` (``None`` when it is there, or before the app registry is populated).
+
+    Without the app nothing wires the package up: no system checks, no ``manage.py redislock``,
+    no admin pages, and no Celery receivers (a revoked task would keep its key until its lease
+    ran out). Locks used like that would seem to work, so the first use says so instead.
+    """
+    from django.apps import apps
+
+    if not apps.apps_ready or apps.is_installed("django_redislock"):
+        return None
+    return (
+        "django_redislock is not in INSTALLED_APPS: add 'django_redislock' to INSTALLED_APPS. "
+        "The app wires up its system checks, the `manage.py redislock` command, the admin pages "
+        "and the Celery receivers that free the lock of a revoked task."
+    )
+
+
 @functools.lru_cache(maxsize=1)
 def get_settings() -> LockSettings:
-    """The validated settings; raises ``ImproperlyConfigured`` on the first problem."""
+    """The validated settings; raises ``ImproperlyConfigured`` on the first problem, and when
+    ``django_redislock`` is not in ``INSTALLED_APPS`` (see :func:`not_installed_problem`)."""
     from django.core.exceptions import ImproperlyConfigured
 
+    missing = not_installed_problem()
+    if missing is not None:
+        raise ImproperlyConfigured(missing)
     raw = getattr(settings, "REDISLOCK", None)
     raw = {} if raw is None else raw
     problems = validate_settings(raw)
@@ -247,5 +287,5 @@ def get_settings() -> LockSettings:
 
 @receiver(setting_changed)
 def _reset(*, setting: str, **kwargs: object) -> None:
-    if setting in ("REDISLOCK", "CACHES"):
+    if setting in ("REDISLOCK", "CACHES", "INSTALLED_APPS"):
         get_settings.cache_clear()

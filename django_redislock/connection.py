@@ -11,14 +11,20 @@ alias and process is kept by :mod:`django_redislock.runtime`, and commands are s
 
 from __future__ import annotations
 
+import functools
 import inspect
+import logging
 import re
+from collections.abc import Iterable
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from redis import exceptions as redis_errors
 
-from django_redislock.conf import get_settings
+from django_redislock.conf import get_settings, suggest
 from django_redislock.exceptions import LockBackendError
+
+logger = logging.getLogger("django_redislock")
 
 __all__ = [
     "BUILTIN_BACKEND",
@@ -30,7 +36,9 @@ __all__ = [
     "is_cluster",
     "is_pool_exhausted",
     "make_async_client",
+    "options_problems",
     "resolve_alias",
+    "shared_cache_aliases",
     "socket_timeout",
 ]
 
@@ -118,8 +126,9 @@ def _client_from_setting(path: str) -> Any:
     except (redis_errors.RedisError, _CLUSTER_UNREACHABLE) as exc:
         # RedisCluster connects in its constructor (and raises RedisClusterException, which
         # is no RedisError): Redis being down is a LockBackendError, as everywhere.
+        said = " ".join(str(exc).split()).rstrip(".")
         raise LockBackendError(
-            f"REDISLOCK['CLIENT'] = {path!r} could not connect to Redis: {exc}. Check that the "
+            f"REDISLOCK['CLIENT'] = {path!r} could not connect to Redis: {said}. Check that the "
             "servers it names are up and reachable."
         ) from exc
     if not callable(getattr(client, "evalsha", None)):
@@ -157,6 +166,10 @@ def build_client(alias: str) -> Any:
             "not Redis-backed. Use django_redis.cache.RedisCache or "
             "django.core.cache.backends.redis.RedisCache."
         )
+    for ident, message, hint in options_problems(alias, config):
+        if ident.startswith("E"):  # redis-py would raise TypeError deep inside the first call
+            raise ImproperlyConfigured(f"django_redislock.{ident}: {message} {hint}")
+        logger.warning("django_redislock.%s: %s %s", ident, message, hint)
     if kind == "builtin":
         from django.core.cache.backends.redis import RedisCacheClient
 
@@ -167,12 +180,220 @@ def build_client(alias: str) -> Any:
         except TypeError as exc:
             raise ImproperlyConfigured(
                 f"django_redislock.E010: CACHES[{alias!r}]['OPTIONS'] has a key redis-py does not "
-                f"accept: {exc}. Django's RedisCache passes OPTIONS to redis-py as keyword "
-                "arguments (lower case: socket_timeout, not SOCKET_TIMEOUT)."
+                f"accept: {str(exc).rstrip('.')}. Django's RedisCache passes OPTIONS to redis-py "
+                "as keyword arguments (lower case: socket_timeout, not SOCKET_TIMEOUT)."
             ) from exc
     from django_redis import get_redis_connection
 
     return get_redis_connection(alias, write=True)
+
+
+# -- OPTIONS keys each backend accepts ---------------------------------------------------------
+
+#: The ``OPTIONS`` keys django-redis reads (its documented ones, django-redis 5 to 7): it ignores
+#: any other key, so a typo there silently drops the setting (a timeout, a password ...).
+DJANGO_REDIS_OPTIONS = frozenset(
+    {
+        "CLIENT_CLASS", "SERIALIZER", "COMPRESSOR", "PICKLE_VERSION", "SOCKET_TIMEOUT",
+        "SOCKET_CONNECT_TIMEOUT", "IGNORE_EXCEPTIONS", "CLOSE_CONNECTION", "CONNECTION_FACTORY",
+        "CONNECTION_POOL_CLASS", "CONNECTION_POOL_KWARGS", "REDIS_CLIENT_CLASS",
+        "REDIS_CLIENT_KWARGS", "PARSER_CLASS", "PASSWORD", "USERNAME", "SENTINELS",
+        "SENTINEL_KWARGS", "REPLICA_READ_ONLY", "DB",
+    }
+)  # fmt: skip
+#: Keywords of Django's ``RedisCacheClient`` itself (the rest of OPTIONS goes to redis-py).
+_DJANGO_CLIENT_OPTIONS = frozenset({"serializer", "pool_class", "parser_class"})
+
+
+def _init_keywords(classes: Iterable[Any]) -> set[str]:
+    """Every named parameter of the ``__init__`` methods of ``classes`` and their bases (a
+    connection passes ``**kwargs`` on to its base class), found by public introspection."""
+    names: set[str] = set()
+    for cls in classes:
+        for klass in inspect.getmro(cls) if isinstance(cls, type) else ():
+            init = klass.__dict__.get("__init__")
+            if init is None:
+                continue
+            try:
+                parameters = inspect.signature(init).parameters.values()
+            except (TypeError, ValueError):
+                continue
+            names.update(
+                p.name
+                for p in parameters
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
+            )
+    return names
+
+
+@functools.lru_cache(maxsize=8)
+def _redis_py_keywords(pool_class: Any = None) -> frozenset[str]:
+    """What redis-py accepts as connection-pool keywords: the pools' own (``max_connections``,
+    ``timeout`` ...) and those of every connection class a URL can choose (TCP, TLS, unix)."""
+    from redis import connection
+
+    classes: list[Any] = [
+        connection.ConnectionPool,
+        connection.BlockingConnectionPool,
+        connection.Connection,
+        connection.SSLConnection,
+        connection.UnixDomainSocketConnection,
+    ]
+    if pool_class is not None:
+        classes.append(pool_class)
+    return frozenset(_init_keywords(classes))
+
+
+def _unknown(keys: Iterable[object], known: Iterable[str]) -> list[str]:
+    """``'KEY' (did you mean 'key'?)`` for every key not in ``known``."""
+    known = list(known)
+    found = []
+    for key in keys:
+        if key in known:
+            continue
+        match = suggest(key, known)
+        found.append(f"{key!r} (did you mean {match!r}?)" if match else repr(key))
+    return found
+
+
+def options_problems(alias: str, config: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """``(id, message, hint)`` for every ``OPTIONS`` key the alias's backend does not accept.
+
+    Shared by the system checks and :func:`build_client` (first use, where checks do not run:
+    a shell, a Celery worker, an ASGI app), so both say the same. ``E010``: a key that reaches
+    redis-py as a keyword it does not take (Django's ``RedisCache`` OPTIONS, django-redis's
+    ``CONNECTION_POOL_KWARGS``): the first connection would raise ``TypeError``. ``W006``: an
+    OPTIONS key django-redis does not read (ignored, so the setting it meant does not apply);
+    not checked when ``CLIENT_CLASS`` is a client of another package, which may read its own.
+    """
+    options = config.get("OPTIONS") or {}
+    if not isinstance(options, dict):
+        return []
+    kind = backend_kind(config.get("BACKEND"))
+    problems: list[tuple[str, str, str]] = []
+    if kind == "builtin":
+        pool_class = options.get("pool_class")
+        if isinstance(pool_class, str):
+            from django.utils.module_loading import import_string
+
+            try:
+                pool_class = import_string(pool_class)
+            except ImportError:
+                pool_class = None
+        known = _redis_py_keywords(pool_class if isinstance(pool_class, type) else None)
+        unknown = _unknown(options, known | _DJANGO_CLIENT_OPTIONS)
+        if unknown:
+            problems.append(
+                (
+                    "E010",
+                    f"CACHES[{alias!r}]['OPTIONS'] (Django's RedisCache) has "
+                    f"{', '.join(unknown)}, which redis-py does not accept: Django passes OPTIONS "
+                    "to redis-py as keyword arguments, so the first cache or lock call would fail "
+                    "with a TypeError.",
+                    "Spell them as redis-py does, in lower case: "
+                    "OPTIONS = {'socket_connect_timeout': 2, 'socket_timeout': 5}.",
+                )
+            )
+    elif kind == "django-redis":
+        pool_kwargs = options.get("CONNECTION_POOL_KWARGS") or {}
+        unknown = (
+            _unknown(pool_kwargs, _redis_py_keywords()) if isinstance(pool_kwargs, dict) else []
+        )
+        if unknown:
+            problems.append(
+                (
+                    "E010",
+                    f"CACHES[{alias!r}]['OPTIONS']['CONNECTION_POOL_KWARGS'] has "
+                    f"{', '.join(unknown)}, which redis-py does not accept: the first cache or "
+                    "lock call would fail with a TypeError.",
+                    "CONNECTION_POOL_KWARGS takes redis-py's connection-pool keywords, in lower "
+                    "case: {'max_connections': 50}.",
+                )
+            )
+        client_class = options.get("CLIENT_CLASS")
+        if client_class is None or str(client_class).startswith("django_redis."):
+            lower_timeouts = {"socket_timeout", "socket_connect_timeout"}  # W002 says it
+            keys = [k for k in options if k not in lower_timeouts]
+            unknown = _unknown(keys, sorted(DJANGO_REDIS_OPTIONS))
+            if unknown:
+                pool_keys = [k for k in keys if k in _redis_py_keywords()]
+                hint = (
+                    f"redis-py's keywords ({', '.join(map(repr, pool_keys))}) go in "
+                    "OPTIONS['CONNECTION_POOL_KWARGS']; "
+                    if pool_keys
+                    else ""
+                )
+                problems.append(
+                    (
+                        "W006",
+                        f"CACHES[{alias!r}]['OPTIONS'] (django-redis) has {', '.join(unknown)}, "
+                        "which django-redis does not read: the setting is ignored.",
+                        f"{hint}django-redis spells its options in upper case "
+                        "(SOCKET_TIMEOUT, CONNECTION_POOL_KWARGS ...). With a CLIENT_CLASS of "
+                        "your own that reads it, silence this with SILENCED_SYSTEM_CHECKS.",
+                    )
+                )
+    return problems
+
+
+# -- locks sharing a database with a cache -------------------------------------------------------
+
+
+def _server_and_db(config: dict[str, Any]) -> tuple[str, int] | None:
+    """``("host:port" or socket path, db)`` a ``CACHES`` entry writes to (its first LOCATION),
+    or ``None`` when that cannot be told from the settings."""
+    location = config.get("LOCATION")
+    if isinstance(location, (list, tuple)):
+        location = location[0] if location else None
+    if not isinstance(location, str) or not location:
+        return None
+    first = re.split("[;,]", location)[0].strip()
+    try:
+        parts = urlsplit(first if "://" in first else f"redis://{first}")
+        port = parts.port
+    except ValueError:
+        return None
+    query = parse_qs(parts.query)
+    options = config.get("OPTIONS") or {}
+    db_text = (query.get("db") or [""])[0] or parts.path.strip("/")
+    if not db_text and isinstance(options, dict):
+        db_text = str(options.get("db", options.get("DB", "")) or "")
+    try:
+        db = int(db_text or 0)
+    except ValueError:
+        return None
+    if parts.scheme == "unix":
+        return (f"unix:{parts.path}", db)
+    host = (parts.hostname or "").lower()
+    if host in ("localhost", "::1"):
+        host = "127.0.0.1"
+    return (f"{host}:{port or 6379}", db)
+
+
+def shared_cache_aliases(alias: str) -> list[str]:
+    """The ``CACHES`` aliases whose ``cache.clear()`` would drop the locks of ``alias``.
+
+    ``alias`` itself when it is ``"default"`` (Django's default cache: sessions, the cache
+    framework and ``cache.clear()`` calls use it), and every other Redis-backed alias that writes
+    to the same server and database (``clear()`` is ``FLUSHDB``, whatever the key prefix). Read
+    from settings alone; check ``W005`` and the text of ``LockLostError`` use it.
+    """
+    from django.conf import settings
+
+    caches: dict[str, dict[str, Any]] = getattr(settings, "CACHES", {}) or {}
+    config = caches.get(alias)
+    if not isinstance(config, dict):
+        return []
+    shared = [alias] if alias == "default" else []
+    where = _server_and_db(config)
+    if where is None:
+        return shared
+    for other, other_config in caches.items():
+        if other == alias or not isinstance(other_config, dict):
+            continue
+        if backend_kind(other_config.get("BACKEND")) and _server_and_db(other_config) == where:
+            shared.append(other)
+    return shared
 
 
 def _connection_kwargs(client: Any) -> dict[str, Any]:

@@ -223,7 +223,11 @@ class SingleFlightTask(Task, Generic[P, T]):  # type: ignore[type-arg]
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        rules = FlightRules.of_task(self.module_path, self, stats_name=self.module_path)
+        rules = FlightRules.of_task(
+            self.module_path,
+            self,
+            stats_name=singleflight.stats_row(self.lock_key, self.module_path),
+        )
         backend = self.get_backend()
         if rules.on_busy == "reschedule" and not (backend.supports_defer or _runs_inline(backend)):
             raise ValueError(

@@ -36,10 +36,14 @@ class LockNotOwnedError(LockError):
 
 
 class LockLostError(LockError):
-    """The lock was lost (expired or force-released) while the protected code ran.
+    """The lock was lost while the protected code ran: it expired unrenewed, was force-released,
+    or its key was deleted (``cache.clear()`` or ``FLUSHDB`` on the lock cache's database,
+    eviction under ``maxmemory``).
 
     Raised on exit from ``with Lock(...)``: the work inside may have overlapped with another holder,
-    so the caller must treat its result as suspect (this is what fencing tokens are for).
+    so the caller must treat its result as suspect (this is what fencing tokens are for). The
+    message names the cache whose ``cache.clear()`` would delete the lock when the settings show
+    one (system check ``W005``).
     """
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from django_redislock import drivers, flow, signals, stats
 from django_redislock.conf import MIN_LEASE, check_seconds, get_settings
+from django_redislock.connection import resolve_alias, shared_cache_aliases
 from django_redislock.exceptions import (
     LockBackendError,
     LockError,
@@ -117,6 +118,9 @@ class Face:
         self._task_id = task_id
         self._queued = bool(check_bool(queued, "queued"))
         self.stats_name = stats_name or stats_shape(name)
+        #: The statistics row kept in the lock record (see ``runtime.metadata``): only when it
+        #: is not the shape of the name, which anyone can compute.
+        self._stats_row = None if self.stats_name == stats_shape(name) else self.stats_name
         #: For integrations that report their own events (single-flight publishes): no signals
         #: and no statistics for this object (``quiet``), or none for busy attempts.
         self.quiet = bool(check_bool(quiet, "quiet"))
@@ -240,7 +244,7 @@ class Face:
             owner=owner,
             known=self._known(owner),
             attempt=runtime.new_attempt_id(),
-            meta=runtime.metadata(self._task_id, queued=self._queued),
+            meta=runtime.metadata(self._task_id, queued=self._queued, stats=self._stats_row),
             lease=spec.lease,
             blocking=waits,
             started=started,
@@ -614,10 +618,7 @@ class Face:
             logger.warning("django_redislock: could not release %r", self.name, exc_info=True)
 
     def _lost_on_exit(self, exc: BaseException | None, cause: BaseException | None = None) -> None:
-        message = (
-            f"Lock {self.name!r} was lost (expired or force-released) while the protected "
-            "block ran; its work may have overlapped with another holder."
-        )
+        message = lost_message(self.name, self.using)
         if exc is not None:
             logger.warning("django_redislock: %s", message)
             return
@@ -625,6 +626,38 @@ class Face:
 
     def _not_acquired(self) -> LockNotAcquiredError:
         return LockNotAcquiredError(self.name)
+
+
+def lost_message(name: str, using: str | None) -> str:
+    """The text of ``LockLostError``: what may have happened, the likeliest cause first.
+
+    A lock whose key vanished under its holder was either not renewed in time, force-released,
+    or deleted with its database: ``cache.clear()`` (``FLUSHDB``) on a cache that shares the
+    locks' database, a ``FLUSHDB``/``FLUSHALL`` by hand, or eviction under ``maxmemory``. When
+    the settings show such a shared cache (check ``W005``), the message names it.
+    """
+    try:
+        alias = resolve_alias(using)
+        shared = shared_cache_aliases(alias)
+    except Exception:  # settings that cannot be read: say what is always true
+        alias, shared = "", []
+    cause = ""
+    if shared:
+        what = ["Django's default cache"] if alias in shared else []
+        others = [f"CACHES[{a!r}]" for a in shared if a != alias]
+        if others:
+            what.append(f"the database of {', '.join(others)}")
+        cause = (
+            f" The locks' cache, CACHES[{alias!r}], is also {' and '.join(what)}: a "
+            "cache.clear() there runs FLUSHDB, which deletes every lock. Give locks a database "
+            "of their own (check django_redislock.W005)."
+        )
+    return (
+        f"Lock {name!r} was lost while the protected block ran: its key expired unrenewed, was "
+        "force-released, or was deleted with its database (cache.clear() or FLUSHDB on the "
+        f"lock cache's database, or eviction by a Redis short of memory).{cause} Its work may "
+        "have overlapped with another holder."
+    )
 
 
 class SyncFace(Face):

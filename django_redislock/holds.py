@@ -120,8 +120,9 @@ class HoldTable:
         for hook in self.on_drop:
             hook(hold)
         logger.warning(
-            "django_redislock: lock %r was lost (expired or force-released) while held by %s; "
-            "the protected work may now overlap with another holder.",
+            "django_redislock: lock %r was lost while held by %s (expired unrenewed, "
+            "force-released, or deleted: cache.clear()/FLUSHDB on its database, eviction); the "
+            "protected work may now overlap with another holder.",
             hold.name,
             hold.owner,
         )

@@ -64,6 +64,9 @@ class LeaderLease:
             owner=f"{runtime.token}-leader-{uuid.uuid4().hex[:8]}",
             auto_renew=True,
             reentrant=True,
+            # A standby's tries that find the lease held are standing by, not failures: they
+            # are not counted as failed acquisitions (a takeover counts as an acquisition).
+            report_busy=False,
         )
         self.name = name
         self.using = using

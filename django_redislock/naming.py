@@ -44,7 +44,8 @@ def _collect_fields(text: str, template: str, roots: list[str], *, nested: bool)
         parsed = list(string.Formatter().parse(text))
     except ValueError as exc:
         raise ValueError(
-            f"Lock key template {template!r} is not a valid str.format template: {exc}."
+            f"Lock key template {template!r} is not a valid str.format template: "
+            f"{str(exc).rstrip('.')}."
         ) from None
     for _, field, spec, conversion in parsed:
         if field is None:
@@ -110,9 +111,53 @@ def compile_key(
     def from_template(*args: Any, **kwargs: Any) -> str:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        return key.format(**bound.arguments)
+        try:
+            return key.format(**bound.arguments)
+        except (AttributeError, LookupError, TypeError, ValueError) as exc:
+            raise ValueError(_fill_error(key, func, bound.arguments, exc)) from exc
 
     return from_template
+
+
+def _fill_error(
+    template: str, func: Callable[..., Any], arguments: Mapping[str, Any], exc: Exception
+) -> str:
+    """Why ``template`` could not be filled from a call's ``arguments``: the template, the field
+    and the argument, in one sentence (instead of a bare ``AttributeError: 'int' object has no
+    attribute 'pk'`` from deep inside the decorator)."""
+    formatter = string.Formatter()
+    where = f"Lock key template {template!r} of {func.__qualname__}"
+    for _, field, spec, _conversion in _all_fields(template):
+        root = field.split(".", 1)[0].split("[", 1)[0]
+        value = arguments.get(root)
+        try:
+            obj, _ = formatter.get_field(field, (), arguments)
+            if spec and "{" not in spec:
+                format(obj, spec)
+        except (AttributeError, LookupError, TypeError, ValueError) as problem:
+            said = f"no {type(problem).__name__[:-5].lower()} {problem}"
+            if not isinstance(problem, LookupError):
+                said = str(problem).rstrip(".")
+            shown = repr(value)
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."
+            return (
+                f"{where} cannot fill {{{field}}} from argument {root}={shown} "
+                f"({type(value).__name__}): {said}. Pass a value that has what the field asks "
+                f"for, or change the template (e.g. '{{{root}}}')."
+            )
+    return f"{where} cannot be filled from the call's arguments: {exc}"
+
+
+def _all_fields(text: str) -> list[tuple[str, str, str, str | None]]:
+    """``(literal, field, spec, conversion)`` of every field of a template, nested ones too."""
+    found: list[tuple[str, str, str, str | None]] = []
+    for literal, field, spec, conversion in string.Formatter().parse(text):
+        if field is None:
+            continue
+        found.append((literal, field, spec or "", conversion))
+        if spec and "{" in spec:
+            found += _all_fields(spec)
+    return found
 
 
 def _canonical(value: Any) -> Any:

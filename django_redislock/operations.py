@@ -23,6 +23,7 @@ from django_redislock import client as redis_client
 from django_redislock import connection, scripts, signals, stats
 from django_redislock.exceptions import LockBackendError
 from django_redislock.keys import KeySpace
+from django_redislock.naming import stats_shape
 from django_redislock.records import LockRecord, parse_record
 from django_redislock.runtime import get_client, keyspace, runtime
 from django_redislock.targets import CLAIM_WINDOW, Target
@@ -372,14 +373,20 @@ def force_release_info(
         raise TypeError(f"token must be an int or None, not {type(token).__name__}")
     target = runtime.target(using)
     released: list[LockInfo] = []
+    rows: list[str] = []
     with backend_errors(f"force-release lock {name!r}"):
         for member in target.members or (target,):
             tokens = [token] if token is not None else _holder_tokens(member, name)
             for expected in tokens:
-                released += _force_one(member, name, expected)
+                for info, row in _force_one(member, name, expected):
+                    released.append(info)
+                    rows.append(row)
     current = token or (released[0].fencing_token if released else 0)
     if released:
-        stats.record(using, name, "force_released")
+        # Once per call, on the row the holder counts its acquisitions (and its loss) on: the
+        # key template it recorded, else the shape of the name (as a plain Lock's row).
+        row = next((r for r in rows if r), None) or stats_shape(name)
+        stats.record(using, row, "force_released")
     if signals.lock_force_released.receivers:
         signals.lock_force_released.send_robust(
             None, name=name, token=current or None, using=using, released=bool(released)
@@ -393,8 +400,10 @@ def _holder_tokens(target: Target, name: str) -> list[int]:
     return [info.fencing_token for info in infos]
 
 
-def _force_one(target: Target, name: str, token: int) -> list[LockInfo]:
-    """Release the lock ``name`` (else the semaphore permit) of ``token``, on one deployment."""
+def _force_one(target: Target, name: str, token: int) -> list[tuple[LockInfo, str]]:
+    """Release the lock ``name`` (else the semaphore permit) of ``token``, on one deployment.
+
+    Returns each released holder with the statistics row its record names ("" when none)."""
     keys = target.keys
     run = target.transport.run
     wake = target.wake_args(CLAIM_WINDOW)
@@ -402,7 +411,7 @@ def _force_one(target: Target, name: str, token: int) -> list[LockInfo]:
     lock_keys = [keys.lock(name), keys.fence(name), keys.queue(name), keys.waiters(name)]
     reply = run(scripts.FORCE_RELEASE, lock_keys, [str(token), *wake], action)
     if int(reply[0]):
-        return [_info(keys, parse_record(keys.lock(name), reply[2], 0))]
+        return [_released(keys, parse_record(keys.lock(name), reply[2], 0))]
     sem_keys = [
         keys.semaphore(name),
         keys.semaphore_records(name),
@@ -412,9 +421,14 @@ def _force_one(target: Target, name: str, token: int) -> list[LockInfo]:
     ]
     sem_reply = run(scripts.SEM_FORCE_RELEASE, sem_keys, [str(token), *wake], action)
     return [
-        _info(keys, parse_record(keys.semaphore(name), sem_reply[2 + 2 * i], 0))
+        _released(keys, parse_record(keys.semaphore(name), sem_reply[2 + 2 * i], 0))
         for i in range(int(sem_reply[0]))
     ]
+
+
+def _released(keys: KeySpace, record: LockRecord) -> tuple[LockInfo, str]:
+    row = record.meta.get("stats")
+    return _info(keys, record), row if isinstance(row, str) else ""
 
 
 def _unique(infos: list[LockInfo]) -> list[LockInfo]:

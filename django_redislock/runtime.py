@@ -69,7 +69,7 @@ class Runtime:
         )
         self._task_seq = itertools.count(1)
         self._thread_owners: dict[int, str] = {}
-        self._meta: dict[tuple[str, str | None, bool], str] = {}
+        self._meta: dict[tuple[str, str | None, bool, str | None], str] = {}
         #: Callables returning the id of the task this thread runs (the Celery integration).
         self.task_id_providers: list[Callable[[], str | None]] = []
         self._fork_hooks: list[Callable[[], None]] = []
@@ -100,14 +100,20 @@ class Runtime:
         token names the wake-up channel its process listens on)."""
         return f"{self.token}.{next(self._attempts)}"
 
-    def metadata(self, task_id: str | None = None, *, queued: bool = False) -> str:
-        """The holder metadata of the caller as compact JSON (cached per thread/task name)."""
+    def metadata(
+        self, task_id: str | None = None, *, queued: bool = False, stats: str | None = None
+    ) -> str:
+        """The holder metadata of the caller as compact JSON (cached per thread/task name).
+
+        ``stats``: the statistics row of the lock when it is not the shape of its name (a key
+        template), so that a force release by anyone is counted on the holder's row.
+        """
         try:
             task = asyncio.current_task()
         except RuntimeError:  # no running loop in this thread
             task = None
         label = f"task:{task.get_name()}" if task is not None else threading.current_thread().name
-        ident = (label, task_id or self._current_task_id(), queued)
+        ident = (label, task_id or self._current_task_id(), queued, stats)
         meta = self._meta.get(ident)
         if meta is None:
             if len(self._meta) > 1024:
@@ -120,6 +126,8 @@ class Runtime:
             }
             if queued:
                 fields["queued"] = True
+            if stats is not None:
+                fields["stats"] = stats
             meta = self._meta[ident] = json.dumps(fields, separators=(",", ":"))
         return meta
 

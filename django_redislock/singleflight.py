@@ -94,6 +94,7 @@ __all__ = [
     "reserve",
     "run_key",
     "run_owner",
+    "stats_row",
     "task_deduplicated",
     "task_rescheduled",
     "task_skipped",
@@ -198,7 +199,8 @@ class FlightRules:
     on_duplicate: str = "return"
     reschedule_countdown: float | None = None
     using: str | None = None
-    #: Statistics name of every lock of the task (the task name: bounded, not one per key).
+    #: Statistics name of every lock of the task: its key template, else the task name
+    #: (bounded, not one row per key; see :func:`stats_row`).
     stats_name: str | None = None
 
     @classmethod
@@ -282,6 +284,15 @@ class FlightRules:
         holder's key frees itself)."""
         countdown = self.reschedule_countdown
         return float(countdown) if countdown is not None else self.lease
+
+
+def stats_row(lock_key: object, task_name: str | None) -> str | None:
+    """The statistics row of a task's locks: its ``lock_key`` template (``"report:{id}"``), as
+    for ``@distributed_lock``; the task name when the key is a callable or derived from the
+    arguments (one row per task, not one per key)."""
+    if isinstance(lock_key, str) and lock_key:
+        return lock_key
+    return task_name
 
 
 def _choices(values: tuple[str, ...]) -> str:
@@ -610,7 +621,8 @@ def end(flight: Flight) -> bool:
         released = _release_quietly(lock, all_holds=not isinstance(lock, Semaphore))
     except LockBackendError:
         logger.warning(
-            "Flight %s could not release lock %r; it expires within %ss.",
+            "Task %s could not release its lock %r when it ended; the lock expires by itself "
+            "within %ss.",
             flight.flight_id,
             lock.name,
             flight.rules.lease,
@@ -619,7 +631,8 @@ def end(flight: Flight) -> bool:
         return True
     if not released:
         logger.error(
-            "Flight %s finished without its lock %r (expired or force-released while it ran).",
+            "Task %s ended without holding its lock %r: the lock expired or was force-released "
+            "while the task ran, so another run of the same key may have overlapped with it.",
             flight.flight_id,
             lock.name,
         )
@@ -645,15 +658,16 @@ def hand_over(flight: Flight, *, delay: float = 0.0) -> Ticket:
             holds, token = queued.detach()
             if holds == 1:
                 logger.warning(
-                    "Flight %s lost lock %r while it ran; it was free, so the message it "
-                    "publishes takes it anew.",
+                    "Task %s lost its lock %r while it ran; the lock was free, so the retry (or "
+                    "replacement) it publishes takes it anew.",
                     flight.flight_id,
                     key,
                 )
             return Ticket(key, token, holds, attempt)
         logger.warning(
-            "Flight %s hands over lock %r, but it was lost and is held by another holder now: "
-            "the message it publishes will be skipped while that holds it.",
+            "Task %s passes its lock %r to its retry (or replacement), but lost it while it "
+            "ran and another holder has it now: that message will be skipped while the other "
+            "holder keeps the lock.",
             flight.flight_id,
             key,
         )

@@ -47,9 +47,13 @@ What counts as what:
   a call ``distributed_lock(on_busy="skip")`` (or an ``on_busy`` callable that returned) did not
   make, a single-flight delivery skipped or rescheduled because its key was held (``skipped``), a
   single-flight publish folded into the one queued or running (``deduplicated``).
-- Holds are those ended by a release; a force release is counted under the lock *name* (the
-  operator does not know the template); the holder's own ``lost`` is counted under its
-  ``stats_name``.
+- Holds are those ended by a release. A force release is counted once per call, on the row of
+  the holder (the lock record keeps the holder's key template when it has one; otherwise the
+  shape of the name, as a plain ``Lock``'s row), so the operator's ``force_released`` and the
+  holder's own ``lost`` (counted when it finds out) land on one row.
+- A leader lease (:class:`~django_redislock.leader.LeaderLease`: a standby beat,
+  ``redislock run``) records no ``failed`` attempt while it waits: standing by is what a standby
+  is for. Its takeovers are counted as acquisitions.
 
 Turn everything off with ``REDISLOCK = {"STATS": False}`` (OpenTelemetry spans, see
 :mod:`django_redislock.tracing`, do not depend on it).

@@ -30,7 +30,7 @@ from celery import chain, group, shared_task
 from celery.contrib.testing.worker import start_worker
 from django.db import transaction
 
-from django_redislock import Lock, get_lock_info, list_locks
+from django_redislock import Lock, force_release, get_lock_info, list_locks
 from django_redislock import stats as stats_module
 from django_redislock.celery import (
     SKIPPED,
@@ -580,6 +580,35 @@ def test_a_lock_lost_mid_run_is_known_to_the_task_and_logged(worker, caplog):
     assert "lost its lock 'lose:l'" in caplog.text
 
 
+def test_statistics_rows_of_a_task_are_named_after_its_lock_key_template(worker):
+    """As for ``@distributed_lock``: one row per template, not one per task name or per key."""
+    stats_module.flush()
+    assert tasks.work.delay("row-a").get(timeout=10) == "done row-a"
+    assert tasks.work.delay("row-b").get(timeout=10) == "done row-b"
+    stats_module.flush()
+    row = get_stats("work:{name}")
+    assert row is not None and row.acquired == 2 and row.released == 2, row
+    assert get_stats(tasks.work.name) is None and get_stats("work:row-a") is None
+
+
+def test_a_force_release_of_a_running_task_is_counted_once_on_its_row(worker, caplog):
+    """The operator's force release and the task's loss of the lock land on one row, the key
+    template's, each counted once; the worker says so in words users know (task, lock)."""
+    stats_module.flush()
+    running = tasks.slow_lease.delay("forced", 2.0)
+    wait_for(lambda: tasks.events("start"), 10, what="the task to start")
+    with caplog.at_level(logging.WARNING, logger="django_redislock"):
+        assert force_release("slow:forced") is True
+        assert running.get(timeout=15) == "done forced"
+    stats_module.flush()
+    row = get_stats("slow:{name}")
+    assert row is not None, list(stats_module.iter_stats())
+    assert (row.force_released, row.lost, row.acquired) == (1, 1, 1), row
+    assert get_stats("slow:forced") is None and get_stats(tasks.slow_lease.name) is None
+    assert f"Task {running.id} ended without holding its lock 'slow:forced'" in caplog.text
+    assert "Flight" not in caplog.text
+
+
 @pytest.mark.slow
 def test_revoking_a_queued_task_releases_its_key_when_the_worker_discards_it(worker):
     result = tasks.slow_lease.apply_async(("rv",), countdown=1.5)  # queued lease: 21.5 s
@@ -630,12 +659,9 @@ def test_a_periodic_task_longer_than_its_interval_never_overlaps(worker, tmp_pat
     # task working exactly as intended keeps a 100 % success rate.
     # The worker flushes its share every FLUSH_INTERVAL (5 s): wait for the last run's.
     wait_for(
-        lambda: (
-            (s := get_stats("tests.testapp.tasks.beat_tick")) is not None
-            and s.acquired >= len(starts)
-        ),
+        lambda: (s := get_stats("beat:tick")) is not None and s.acquired >= len(starts),
         stats_module.FLUSH_INTERVAL + 5,
         0.2,
     )
-    stats = get_stats("tests.testapp.tasks.beat_tick")
+    stats = get_stats("beat:tick")
     assert stats is not None and stats.acquired >= len(starts) and stats.failed == 0, stats

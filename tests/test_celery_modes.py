@@ -200,7 +200,7 @@ def test_a_deduplicated_publish_is_not_a_failed_acquisition(empty_unconsumed_que
     first = task.delay(2)
     assert [task.delay(2).id for _ in range(3)] == [first.id] * 3
     stats.flush()
-    figures = stats.get_stats(task.name)
+    figures = stats.get_stats(task.lock_key)  # a task's row is its key template
     # Publish-time holds are quiet (the run counts the acquisition); a deduplication is never a
     # failed acquisition (task_deduplicated reports it).
     assert figures is None or (figures.failed, figures.acquired) == (0, 0), figures

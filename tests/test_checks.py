@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ import pytest
 import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
-from django.core.management.base import SystemCheckError
+from django.core.management.base import CommandError, SystemCheckError
 
 from django_redislock import Lock
 from django_redislock.checks import check_eviction_policy, check_settings
@@ -197,3 +198,197 @@ def test_using_a_bad_setting_at_runtime_raises_improperly_configured(settings):
     settings.REDISLOCK = {"TIMEOUT": -1}
     with pytest.raises(ImproperlyConfigured, match="E006"):
         Lock("x").acquire()
+
+
+# -- issue 29: traps in the defaults ---------------------------------------------------------------
+def lock_cache(settings, alias="extra", **config):
+    """Point the locks at ``CACHES[alias]`` (a Redis that is never reached by the checks)."""
+    settings.CACHES = {
+        **settings.CACHES,
+        alias: {"BACKEND": "django_redis.cache.RedisCache", **config},
+    }
+    settings.REDISLOCK = {"CACHE": alias}
+
+
+def test_locks_in_the_default_cache_warn_that_cache_clear_drops_them(settings):
+    """The smallest documented setup: a bare CACHES["default"] and no REDISLOCK."""
+    settings.CACHES = {
+        "default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://h:6379/0"}
+    }
+    settings.REDISLOCK = {}
+    [message] = [m for m in check_settings() if m.id == "django_redislock.W005"]
+    assert "Django's default cache" in message.msg and "cache.clear()" in message.msg
+    assert "REDISLOCK = {'CACHE': 'locks'}" in str(message.hint)
+    assert "SILENCED_SYSTEM_CHECKS" in str(message.hint)
+
+
+def test_a_lock_alias_sharing_a_database_with_another_cache_warns(settings):
+    lock_cache(settings, LOCATION="redis://cache.example:6379/4")
+    settings.CACHES = {
+        **settings.CACHES,
+        "sessions": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://cache.example:6379?db=4",  # the same database, spelled otherwise
+        },
+    }
+    [message] = [m for m in check_settings() if m.id == "django_redislock.W005"]
+    assert "CACHES['sessions']" in message.msg
+
+
+@pytest.mark.parametrize(
+    "other", ["redis://cache.example:6379/5", "redis://other.example:6379/4", None]
+)
+def test_a_lock_alias_with_a_database_of_its_own_passes(settings, other):
+    lock_cache(settings, LOCATION="redis://cache.example:6379/4")
+    if other is not None:
+        settings.CACHES = {
+            **settings.CACHES,
+            "sessions": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": other},
+        }
+    assert "django_redislock.W005" not in ids(check_settings())
+
+
+def test_the_shared_cache_warning_can_be_silenced(settings):
+    settings.REDISLOCK = {}
+    settings.SILENCED_SYSTEM_CHECKS = ["django_redislock.W005"]
+    call_command("check", fail_level="WARNING")  # nothing else to say about the test settings
+
+
+def test_an_unknown_redislock_key_suggests_the_right_one(settings):
+    settings.REDISLOCK = {"TIMOUT": 3}
+    [message] = [m for m in check_settings() if m.id == "django_redislock.E003"]
+    assert "TIMOUT (did you mean TIMEOUT?)" in message.msg
+
+
+@pytest.mark.parametrize(
+    ("key", "suggestion"),
+    [("socket_timout", "socket_timeout"), ("SOCKET_TIMEOUT", "socket_timeout")],
+)
+def test_builtin_cache_options_redis_py_does_not_accept_are_an_error(settings, key, suggestion):
+    """A lower-case typo passed `check` and crashed the first call with redis-py's TypeError."""
+    lock_cache(
+        settings,
+        BACKEND="django.core.cache.backends.redis.RedisCache",
+        LOCATION="redis://127.0.0.1:1/0",
+        OPTIONS={key: 5},
+    )
+    [message] = check_settings()
+    assert message.id == "django_redislock.E010"
+    assert f"{key!r} (did you mean {suggestion!r}?)" in message.msg
+
+
+def test_builtin_cache_accepts_every_redis_py_and_django_option(settings):
+    lock_cache(
+        settings,
+        BACKEND="django.core.cache.backends.redis.RedisCache",
+        LOCATION="redis://127.0.0.1:1/0",
+        OPTIONS={
+            "socket_timeout": 5,
+            "socket_connect_timeout": 2,
+            "max_connections": 20,
+            "db": 3,
+            "health_check_interval": 30,
+            "retry_on_timeout": True,
+            "ssl_cert_reqs": None,
+            "parser_class": "redis.connection.DefaultParser",
+            "pool_class": "redis.BlockingConnectionPool",
+            "timeout": 5,  # a BlockingConnectionPool's wait for a free connection
+            "serializer": "django.core.cache.backends.redis.RedisSerializer",
+        },
+    )
+    assert [m.id for m in check_settings() if m.id != "django_redislock.W005"] == []
+
+
+def test_django_redis_pool_kwargs_redis_py_does_not_accept_are_an_error(settings):
+    lock_cache(
+        settings,
+        LOCATION="redis://127.0.0.1:1/0",
+        OPTIONS={"SOCKET_TIMEOUT": 5, "CONNECTION_POOL_KWARGS": {"max_conections": 10}},
+    )
+    [message] = check_settings()
+    assert message.id == "django_redislock.E010"
+    assert "'max_conections' (did you mean 'max_connections'?)" in message.msg
+
+
+def test_django_redis_options_it_does_not_read_warn_with_a_suggestion(settings):
+    lock_cache(
+        settings,
+        LOCATION="redis://127.0.0.1:1/0",
+        OPTIONS={"SOCKET_TIMOUT": 5, "SOCKET_CONNECT_TIMEOUT": 2, "max_connections": 10},
+    )
+    found = [m for m in check_settings() if m.id == "django_redislock.W006"]
+    assert len(found) == 1
+    assert "'SOCKET_TIMOUT' (did you mean 'SOCKET_TIMEOUT'?)" in found[0].msg
+    assert "CONNECTION_POOL_KWARGS" in str(found[0].hint)  # where max_connections belongs
+
+
+def test_django_redis_with_a_client_class_of_another_package_is_not_second_guessed(settings):
+    lock_cache(
+        settings,
+        LOCATION="redis://127.0.0.1:1/0",
+        OPTIONS={"SOCKET_TIMEOUT": 5, "CLIENT_CLASS": "myproject.Client", "MY_OPTION": 1},
+    )
+    assert "django_redislock.W006" not in ids(check_settings())
+
+
+@pytest.mark.parametrize(
+    ("backend", "options", "expected"),
+    [
+        (
+            "django.core.cache.backends.redis.RedisCache",
+            {"socket_timout": 5},
+            "'socket_timout' (did you mean 'socket_timeout'?)",
+        ),
+        (
+            "django.core.cache.backends.redis.RedisCache",
+            {"SOCKET_TIMEOUT": 5},
+            "'SOCKET_TIMEOUT' (did you mean 'socket_timeout'?)",
+        ),
+        (
+            "django_redis.cache.RedisCache",
+            {"CONNECTION_POOL_KWARGS": {"socket_timout": 5}},
+            "'socket_timout' (did you mean 'socket_timeout'?)",
+        ),
+    ],
+)
+def test_options_redis_py_does_not_accept_fail_at_first_use_with_the_check_id(
+    settings, backend, options, expected
+):
+    """Where checks do not run (a shell, a worker, an ASGI app): not redis-py's TypeError from
+    deep inside the package, but the check's id and the right spelling."""
+    lock_cache(
+        settings,
+        alias="typo",
+        BACKEND=backend,
+        LOCATION=settings.CACHES["default"]["LOCATION"],
+        OPTIONS=options,
+    )
+    with pytest.raises(ImproperlyConfigured) as excinfo:
+        Lock("typo-at-first-use").acquire()
+    text = str(excinfo.value)
+    assert text.startswith("django_redislock.E010: ") and expected in text
+    assert "\n" not in text
+
+
+def without_the_app(settings_module):
+    from django.test import override_settings
+
+    apps = [a for a in settings_module.INSTALLED_APPS if a != "django_redislock"]
+    return override_settings(INSTALLED_APPS=apps)
+
+
+def test_a_lock_without_the_app_in_installed_apps_says_what_is_missing(settings):
+    with without_the_app(settings), pytest.raises(ImproperlyConfigured) as excinfo:
+        Lock("not-installed").acquire()
+    assert "django_redislock is not in INSTALLED_APPS" in str(excinfo.value)
+    lock = Lock("installed-again")  # and the settings are read anew once it is back
+    assert lock.acquire(blocking=False)
+    lock.release()
+
+
+def test_a_guarded_command_without_the_app_ends_with_one_line_naming_installed_apps(settings):
+    from tests.testapp.management.commands.guarded_import import Command
+
+    with without_the_app(settings), pytest.raises(CommandError) as excinfo:
+        call_command(Command(), "crm", stdout=io.StringIO(), stderr=io.StringIO())
+    assert "INSTALLED_APPS" in str(excinfo.value) and excinfo.value.returncode == 1

@@ -330,3 +330,21 @@ def test_the_lean_transport_reconnects_a_kept_connection_the_server_closed(lean,
     assert killed >= 1 and redis_client.client_id() == mine
     assert lock.acquire(blocking=False)  # reconnected before sending: no error, no unknown
     lock.release()
+
+
+def test_a_client_factory_that_cannot_connect_says_so_in_one_clean_sentence():
+    """redis-py's text ends with a period ("... Connection refused."): no ".." before "Check"."""
+    factory = {"CLIENT": "tests.test_connection.refused_client"}
+    with override_settings(REDISLOCK=factory), pytest.raises(LockBackendError) as excinfo:
+        Lock("refused").acquire()
+    text = str(excinfo.value)
+    assert "Connection refused. Check that the servers" in text
+    assert ".." not in text
+
+
+def refused_client() -> Any:
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.5)
+    client.ping()  # a factory that checks its client: raises ConnectionError, refused
+    return client

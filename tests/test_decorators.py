@@ -650,3 +650,27 @@ def test_an_async_on_busy_for_a_generator_fails_at_decoration():
         @distributed_lock("gen-async-fallback", on_busy=fallback)
         def rows() -> Iterator[int]:
             yield 1
+
+
+def test_a_template_field_the_argument_lacks_names_the_template_field_and_argument():
+    """``{invoice_id.pk}`` called with an int: not a bare ``AttributeError`` from the decorator."""
+
+    @distributed_lock("invoice:{invoice_id.pk}")
+    def charge(invoice_id):
+        raise AssertionError("must not run")
+
+    with pytest.raises(ValueError) as excinfo:
+        charge(7)
+    text = str(excinfo.value)
+    assert "'invoice:{invoice_id.pk}'" in text
+    assert "{invoice_id.pk}" in text and "invoice_id=7 (int)" in text
+    assert "has no attribute 'pk'" in text
+
+
+def test_a_template_key_the_mapping_lacks_names_the_template_field_and_argument():
+    @distributed_lock("import:{options[source]}")
+    def run(**options):
+        raise AssertionError("must not run")
+
+    with pytest.raises(ValueError, match=r"\{options\[source\]\}.*no key 'source'"):
+        run(other=1)

@@ -143,3 +143,23 @@ def test_stepping_down_keeps_quiet_and_acquiring_again_re_enters_our_own_lease(
     assert lease.fencing_token == token  # the same tenure: nobody held it in between
     assert lease.release()
     assert get_lock_info("leader") is None
+
+
+def test_a_standby_waiting_for_the_lease_is_not_counted_as_failing(
+    leases: list[LeaderLease],
+) -> None:
+    """A healthy pair — one leads, one stands by — read "1 acquired, N failed": standing by is
+    what a standby is for, so its tries are no failed acquisitions; its takeover is acquired."""
+    from django_redislock import stats
+
+    stats.flush()
+    leader, standby = make(leases, "stats-lease"), make(leases, "stats-lease")
+    assert leader.acquire()
+    assert not standby.acquire()  # a try without waiting
+    assert not standby.acquire(wait=0.1)  # and one that waits, as a standby beat does
+    assert leader.release()
+    assert standby.acquire(wait=1)
+    stats.flush()
+    row = stats.get_stats("stats-lease")
+    assert row is not None and (row.acquired, row.failed) == (2, 0), row
+    assert row.success_rate == 1.0

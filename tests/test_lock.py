@@ -693,3 +693,33 @@ def test_a_nested_hold_with_a_shorter_timeout_never_shortens_the_lease(redis_cli
 def test_a_bad_owner_says_which_condition_failed(owner, message):
     with pytest.raises(ValueError, match=message):
         Lock("x", owner=owner)
+
+
+def test_a_lock_deleted_by_cache_clear_says_so_and_names_the_shared_cache():
+    """The smallest setup keeps locks in CACHES["default"]: ``cache.clear()`` (FLUSHDB) drops
+    them, and the ``LockLostError`` names that likely cause instead of "expired"."""
+    from django.core.cache import cache
+
+    with pytest.raises(LockLostError) as excinfo, Lock("cleared", timeout=5, auto_renew=False):
+        cache.clear()
+    text = str(excinfo.value)
+    assert "cache.clear()" in text and "FLUSHDB" in text and "eviction" in text
+    assert "CACHES['default'], is also Django's default cache" in text
+    assert "django_redislock.W005" in text
+
+
+def test_a_lost_lock_on_a_database_of_its_own_still_names_every_cause(settings):
+    settings.CACHES = {
+        **settings.CACHES,
+        "own-db": {
+            **settings.CACHES["default"],
+            "LOCATION": settings.CACHES["default"]["LOCATION"][:-2] + "/9",
+        },
+    }
+    with (
+        pytest.raises(LockLostError) as excinfo,
+        Lock("own", timeout=5, auto_renew=False, using="own-db"),
+    ):
+        force_release("own", using="own-db")
+    text = str(excinfo.value)
+    assert "force-released" in text and "cache.clear()" in text and "W005" not in text

@@ -15,6 +15,7 @@ from django.test import override_settings
 
 from django_redislock import (
     Lock,
+    LockLostError,
     LockNotAcquiredError,
     LockNotOwnedError,
     distributed_lock,
@@ -102,6 +103,33 @@ def test_loss_and_force_release_are_counted():
         lock.release()
     s = figures("victim")
     assert (s.acquired, s.force_released, s.lost, s.released) == (1, 1, 1, 0)
+
+
+def test_a_force_release_is_counted_once_on_the_row_of_the_holders_name_shape():
+    """``Lock("report:7")`` counts on the row ``report:{n}``: so does its force release (it was
+    counted on a row of its own, ``report:7``)."""
+    lock = Lock("report:7", auto_renew=False)
+    lock.acquire()
+    assert force_release("report:7")
+    with pytest.raises(LockNotOwnedError):
+        lock.release()
+    s = figures("report:{n}")
+    assert (s.acquired, s.force_released, s.lost) == (1, 1, 1)
+    stats.flush()
+    assert stats.get_stats("report:7") is None
+
+
+def test_a_force_release_is_counted_on_the_key_template_row_of_a_decorated_function():
+    @distributed_lock("invoice:{invoice_id}", timeout=5)
+    def process(invoice_id: int) -> None:
+        assert force_release(f"invoice:{invoice_id}")  # an operator, while it runs
+
+    with pytest.raises(LockLostError):
+        process(42)
+    s = figures("invoice:{invoice_id}")
+    assert (s.acquired, s.force_released, s.lost) == (1, 1, 1)
+    stats.flush()
+    assert stats.get_stats("invoice:42") is None and stats.get_stats("invoice:{n}") is None
 
 
 def test_decorated_locks_are_aggregated_under_the_key_template():

@@ -37,7 +37,7 @@ from django_redislock.celery.exceptions import DuplicateTaskError
 from django_redislock.celery.headers import HEADER_KEY, headers_of, ticket_headers, ticket_of
 from django_redislock.celery.keys import KeyFunction, key_function
 from django_redislock.celery.signals import task_deduplicated, task_rescheduled, task_skipped
-from django_redislock.singleflight import Busy, Duplicate, FlightRules, Ticket, delay_of
+from django_redislock.singleflight import Busy, Duplicate, FlightRules, Ticket, delay_of, stats_row
 
 __all__ = ["SKIPPED", "SingleFlightTask"]
 
@@ -116,7 +116,9 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         # finalizes): a bad template or option fails there, not at the first publish.
         super().__init_subclass__(**kwargs)
         name = getattr(cls, "name", None) or cls.__qualname__
-        cls._flight_rules = FlightRules.of_task(name, cls, stats_name=getattr(cls, "name", None))
+        cls._flight_rules = FlightRules.of_task(
+            name, cls, stats_name=stats_row(cls.lock_key, getattr(cls, "name", None))
+        )
         cls._lock_name_of = key_function(cls, cls.lock_key)
 
     # -- keys ----------------------------------------------------------------------------------

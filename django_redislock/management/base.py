@@ -19,9 +19,9 @@ option every ``LockedCommand`` gets) or when the class sets ``lock_on_busy = "sk
 silences that line. The lock is renewed by the watchdog while ``handle`` runs, and released when
 it returns or raises.
 
-A lock lost while ``handle`` ran (expired or force-released), or Redis failing, ends the command
-with one line on stderr and exit status 1 — never a traceback: cron mails and CI logs then say
-what happened in words.
+A lock lost while ``handle`` ran (expired or force-released), Redis failing, or
+``django_redislock`` missing from ``INSTALLED_APPS`` ends the command with one line on stderr and
+exit status 1 — never a traceback: cron mails and CI logs then say what happened in words.
 
 It is :func:`~django_redislock.distributed_lock` applied to ``handle`` when the class is created,
 so a bad ``lock_key`` template fails at import time, not at 3 a.m.
@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_redislock.conf import not_installed_problem
 from django_redislock.decorators import distributed_lock
 from django_redislock.exceptions import LockBackendError, LockError, LockLostError
 
@@ -161,6 +162,9 @@ def _lock_errors_as_command_errors(handle: Callable[..., Any]) -> Callable[..., 
 
     @functools.wraps(handle)
     def run(self: LockedCommand, *args: Any, **options: Any) -> Any:
+        missing = not_installed_problem()
+        if missing is not None:  # one line, not the traceback of the first lock call
+            raise CommandError(f"{self.command_name()}: {missing}", returncode=1)
         try:
             return handle(self, *args, **options)
         except CommandError:
