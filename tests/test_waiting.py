@@ -9,6 +9,7 @@ connection pool has connections.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import signal
 import subprocess
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from django_redislock import Lock, LockBackendError, drivers, wakeups
+from django_redislock import Lock, LockBackendError, LockOutcomeUnknown, drivers, wakeups
 from django_redislock.runtime import keyspace, runtime
 from django_redislock.targets import CLAIM_WINDOW
 from tests.conftest import ROOT, hand_off_messages, hold, subprocess_env, wait_for
@@ -272,7 +273,10 @@ def test_on_a_single_redis_a_frozen_waiter_is_handed_the_lock_like_any_holder(
 
 
 @pytest.mark.slow
-def test_a_thousand_threads_wait_with_a_pool_of_ten(redis_client):
+def test_a_thousand_threads_wait_with_a_pool_of_ten(redis_client, settings):
+    # The default transport's promise: a "lean" one keeps a connection per thread, which a pool
+    # of ten cannot give a thousand threads (see the next test).
+    settings.REDISLOCK = {**settings.REDISLOCK, "TRANSPORT": "redis-py"}
     holder = Lock("crowd", using="small-pool", timeout=30)
     holder.acquire()
     waiters = [start_waiter("crowd", using="small-pool", blocking_timeout=120) for _ in range(1000)]
@@ -288,6 +292,43 @@ def test_a_thousand_threads_wait_with_a_pool_of_ten(redis_client):
     assert all(w.result is True for w in waiters)
     times = sorted(w.acquired_at for w in waiters)  # type: ignore[type-var]
     assert len(set(times)) == 1000
+
+
+def test_the_lean_transport_with_more_threads_than_connections_fails_clearly(settings, monkeypatch):
+    """``TRANSPORT="lean"`` keeps a connection per thread: beyond the pool's ``max_connections``
+    (10 here) a call waits for one, then fails with a clear error before sending anything."""
+    from django_redislock import transport
+
+    settings.REDISLOCK = {**settings.REDISLOCK, "TRANSPORT": "lean"}
+    monkeypatch.setattr(transport, "POOL_RETRY_BUDGET", 0.5)
+    done = threading.Event()
+    results: list[object] = []
+
+    def one(i: int) -> None:
+        lock = Lock(f"lean-crowd-{i}", using="small-pool")
+        try:
+            results.append(lock.acquire(blocking=False))
+            lock.release()
+        except LockBackendError as exc:
+            results.append(exc)
+        done.wait(10)  # the thread lives on, and keeps its connection
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: len(results) == 12, timeout=10, what="every thread's call")
+    done.set()
+    for thread in threads:
+        thread.join(10)
+    errors = [r for r in results if isinstance(r, LockBackendError)]
+    # ten connections at most (the pool's listener may hold one), so two threads or more fail
+    assert results.count(True) <= 10 and len(errors) >= 2
+    assert results.count(True) + len(errors) == 12
+    assert all(not isinstance(e, LockOutcomeUnknown) for e in errors)  # nothing was sent
+    gc.collect()  # the ended threads gave their connections back: a new thread gets one
+    again = Lock("lean-crowd-again", using="small-pool")
+    assert again.acquire(blocking=False)
+    again.release()
 
 
 def test_waiters_of_one_process_share_one_subscription(redis_client):
