@@ -48,6 +48,8 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import capfirst
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
@@ -183,6 +185,16 @@ def audit_text(info: LockInfo) -> str:
         f"Force-released lock (fencing token {info.fencing_token}, {holder}, "
         f"for {info.held_for:.1f} s)."
     )
+
+
+_BREAK_AFTER = re.compile(r"([._])")
+
+
+def _breakable(name: str) -> SafeString:
+    """``name`` escaped, with a line-break opportunity (``<wbr>``) after each ``.`` and ``_``: a
+    narrow column wraps ``reports.tasks.build_report`` between its parts, never inside one (a
+    browser breaks after ``-`` by itself; ``:`` and ``/`` keep ``report:{n}`` whole)."""
+    return mark_safe(_BREAK_AFTER.sub(r"\1<wbr>", escape(name)))  # escaped, then only <wbr> added
 
 
 @dataclass(frozen=True)
@@ -599,7 +611,11 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             holders_chart=charts.holders_chart(holders.infos, duration, limit=self.chart_rows),
             holders_truncated=holders.truncated,
             distributions=[
-                (s, charts.distribution_chart(s, "wait"), charts.distribution_chart(s, "hold"))
+                (
+                    StatsRow(s),
+                    charts.distribution_chart(s, "wait"),
+                    charts.distribution_chart(s, "hold"),
+                )
                 for s in busiest[: self.chart_templates]
                 if s.wait_count or s.hold_count
             ],
@@ -620,6 +636,10 @@ class StatsRow:
     """Statistics of one stats name, formatted for a table."""
 
     stats: stats.LockStats
+
+    @property
+    def name_html(self) -> SafeString:
+        return _breakable(self.stats.name)
 
     @property
     def success_rate(self) -> str:

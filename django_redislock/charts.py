@@ -3,8 +3,11 @@
 Each function turns figures into a :class:`Chart` — plain geometry in the chart's own coordinates
 (``viewBox``) — which ``django_redislock/admin/chart.html`` draws as inline SVG (autoescaped like
 any template, coloured by the admin's CSS variables, so the dark theme works). The SVG scales to
-its container's width, so a chart never makes the page scroll sideways; every bar has a
-``<title>`` tooltip with its exact figure.
+its container's width but never below its drawn size, so its text is never smaller than 11 px;
+the wide charts (timeline, outcomes, holders) carry a :attr:`Chart.compact` drawing of the same
+figures, 320 units wide, that the template shows in boxes narrower than the wide one (phones), and
+a box narrower still scrolls the chart inside itself (the timeline opens at its latest minute),
+never the page. Every bar has a ``<title>`` tooltip with its exact figure.
 
 - :func:`distribution_chart`: a wait or hold histogram of one key template (the buckets of
   :data:`django_redislock.stats.BUCKETS`), with estimated percentiles;
@@ -83,11 +86,13 @@ class Chart:
     axis: tuple[float, float, float, float]
     #: A line of figures under the chart (percentiles, totals).
     caption: str = ""
+    #: The same figures drawn :data:`NARROW` units wide, for boxes narrower than :attr:`width`.
+    compact: Chart | None = None
 
     @property
     def min_width(self) -> int:
-        """Narrowest CSS width drawn (narrower boxes scroll): text stays >= 3/4 of its size."""
-        return self.width * 3 // 4
+        """Narrowest CSS width drawn (narrower boxes scroll): text never shrinks below its size."""
+        return self.width
 
     @property
     def max_width(self) -> int:
@@ -191,7 +196,11 @@ def distribution_chart(figures: LockStats, what: str) -> Chart:
 
 
 def timeline_chart(rows: Sequence[LockStats]) -> Chart:
-    """Acquisitions (and failed attempts, stacked on top) per minute, summed over ``rows``."""
+    """Acquisitions (and failed attempts, stacked on top) per minute, summed over ``rows``.
+
+    Drawn :data:`WIDE` units wide with a tick every 10 minutes, and :attr:`Chart.compact`
+    :data:`NARROW` units wide with a tick every 15 minutes.
+    """
     minutes: list[Minute] = []
     for figures in rows:
         for index, minute in enumerate(figures.per_minute):
@@ -202,7 +211,20 @@ def timeline_chart(rows: Sequence[LockStats]) -> Chart:
                 minutes[index] = Minute(
                     seen.start, seen.acquired + minute.acquired, seen.failed + minute.failed
                 )
-    width, height, left, top, bottom = WIDE, 150, 8, 16, 22
+    compact = _timeline(minutes, NARROW, every=15)
+    return _timeline(minutes, WIDE, every=10, compact=compact)
+
+
+def _minute_ticks(count: int, every: int) -> list[int]:
+    """Minutes ago to label on an axis of ``count`` minutes: ``now`` and every ``every`` minutes
+    (round values, ``-50 min`` rather than ``-59 min``), oldest first."""
+    return sorted(range(0, count, every), reverse=True) if count else []
+
+
+def _timeline(
+    minutes: Sequence[Minute], width: int, *, every: int, compact: Chart | None = None
+) -> Chart:
+    height, left, top, bottom = 150, 8, 16, 22
     peak = max((m.acquired + m.failed for m in minutes), default=0)
     count = len(minutes)
     slot = (width - 2 * left) / max(count, 1)
@@ -232,21 +254,18 @@ def timeline_chart(rows: Sequence[LockStats]) -> Chart:
                     },
                 )
             )
-    ticks = (0, count // 4, count // 2, 3 * count // 4, count - 1) if count else ()
-    labels = [
-        # The outer labels are anchored at the chart's edges, so they are never cut off.
-        Label(
-            left
-            if index == 0
-            else width - left
-            if index == count - 1
-            else left + (index + 0.5) * slot,
-            height - 8,
-            _("now") if index == count - 1 else _("-%(ago)d min") % {"ago": count - 1 - index},
-            "start" if index == 0 else "end" if index == count - 1 else "middle",
-        )
-        for index in ticks
-    ]
+    labels = []
+    for ago in _minute_ticks(count, every):
+        text = _("now") if ago == 0 else _("-%(ago)d min") % {"ago": ago}
+        middle = left + (count - 1 - ago + 0.5) * slot
+        half = len(text) * _FONT * 0.35  # about half the text's width
+        # Labels at the chart's edges are anchored there, so they are never cut off.
+        if ago == 0 or middle + half > width - left:
+            labels.append(Label(width - left, height - 8, text, "end"))
+        elif middle - half < left:
+            labels.append(Label(left, height - 8, text, "start"))
+        else:
+            labels.append(Label(round(middle, 2), height - 8, text))
     labels.append(Label(width - left, top - 5, _("peak %(count)d / min") % {"count": peak}, "end"))
     acquired = sum(m.acquired for m in minutes)
     failed = sum(m.failed for m in minutes)
@@ -265,6 +284,7 @@ def timeline_chart(rows: Sequence[LockStats]) -> Chart:
         labels=tuple(labels),
         axis=(left, base, width - left, base),
         caption=caption,
+        compact=compact,
     )
 
 
@@ -284,16 +304,41 @@ def _rows_chart(
     items: Sequence[tuple[str, Sequence[tuple[str, float, str]], str]],
     caption: str = "",
 ) -> Chart:
-    """Horizontal bars, one row per item: ``(label, [(kind, value, tooltip)], value text)``."""
-    width, label_width, value_width = WIDE, 230, 80
+    """Horizontal bars, one row per item: ``(label, [(kind, value, tooltip)], value text)``.
+
+    :data:`WIDE`: the label left of its bar. The :attr:`Chart.compact` drawing, :data:`NARROW`
+    units wide, puts each label on a line of its own above its bar (so it keeps 44 characters).
+    """
+    compact = _rows(kind, title, summary, items, caption, NARROW, stacked=True)
+    return _rows(kind, title, summary, items, caption, WIDE, stacked=False, compact=compact)
+
+
+def _rows(
+    kind: str,
+    title: str,
+    summary: str,
+    items: Sequence[tuple[str, Sequence[tuple[str, float, str]], str]],
+    caption: str,
+    width: int,
+    *,
+    stacked: bool,
+    compact: Chart | None = None,
+) -> Chart:
+    value_width = 80 if not stacked else 70
+    label_width = 0 if stacked else 230
+    row_height = _ROW + 14 if stacked else _ROW
     scale_width = width - label_width - value_width - 8
     peak = max((sum(part[1] for part in item[1]) for item in items), default=0.0)
     bars: list[Bar] = []
     labels: list[Label] = []
     for row, (label, parts, value_text) in enumerate(items):
-        y = row * _ROW
-        text = _clip(label, 36)
-        labels.append(Label(label_width - 6, y + _ROW * 0.7, text, "end"))
+        top = row * row_height
+        if stacked:
+            labels.append(Label(0, top + 12, _clip(label, 44), "start"))
+            y = top + 16  # the bar's row, under its label
+        else:
+            labels.append(Label(label_width - 6, top + _ROW * 0.7, _clip(label, 36), "end"))
+            y = top
         x = float(label_width)
         for part_kind, value, tooltip in parts:
             if value <= 0 or peak <= 0:
@@ -303,8 +348,8 @@ def _rows_chart(
                 Bar(round(x, 2), y + 3, round(long, 2), _ROW - 6, part_kind, f"{label}: {tooltip}")
             )
             x += long
-        labels.append(Label(x + 4, y + _ROW * 0.7, value_text, "start"))
-    height = max(len(items), 1) * _ROW
+        labels.append(Label(round(x + 4, 2), y + _ROW * 0.7, value_text, "start"))
+    height = max(len(items), 1) * row_height
     return Chart(
         kind=kind,
         title=title,
@@ -315,6 +360,7 @@ def _rows_chart(
         labels=tuple(labels),
         axis=(label_width, 0, label_width, height),
         caption=caption,
+        compact=compact,
     )
 
 

@@ -5,7 +5,10 @@ at 1280 px (admin navigation sidebar open) and 390 px (a phone): every column of
 and of the statistics is on screen or in its table's own scroll box, the page itself never
 scrolls sideways, and column headers are apart. Each check is made twice: on the DOM geometry,
 and on the screenshot's pixels (the header text is painted inside the visible area; there is
-background between two headers). Screenshots go to ``test-artifacts/``.
+background between two headers). The statistics charts keep their text at 11 px or more (a
+compact drawing on a phone), the timeline opens on its latest minute with round ticks, and
+statistics names wrap between their dotted parts, never inside a word. Screenshots go to
+``test-artifacts/``.
 """
 
 from __future__ import annotations
@@ -301,6 +304,12 @@ GEOMETRY_JS = """
 PAGES = {
     "list": ("/admin/django_redislock/lock/", "#result_list", "Expires in"),
     "statistics": ("/admin/django_redislock/lock/statistics/", "#stats-list", "Force-released"),
+    # The statistics of one name under its lock (no change list around it: issue 29).
+    "detail": (
+        f"/admin/django_redislock/lock/{REALISTIC_LOCKS[1][0]}/change/",
+        "#stats-list",
+        "Force-released",
+    ),
 }
 
 
@@ -341,6 +350,7 @@ def test_every_column_fits_next_to_the_open_sidebar_at_1280px(
 ):
     path, selector, last = PAGES[page_name]
     page = open_page(browser, live_server, operator, 1280, path)
+    page.locator(selector).scroll_into_view_if_needed()  # the detail page has it below the lock
     page.screenshot(path=str(ARTIFACTS / f"admin-layout-{page_name}-1280.png"))
     geometry = page.evaluate(GEOMETRY_JS, selector)
     assert geometry["sidebarOpen"]
@@ -363,6 +373,7 @@ def test_on_a_phone_the_table_scrolls_in_its_box_not_the_page(
 ):
     path, selector, last = PAGES[page_name]
     page = open_page(browser, live_server, operator, 390, path)
+    page.locator(selector).scroll_into_view_if_needed()  # the detail page has it below the lock
     page.screenshot(path=str(ARTIFACTS / f"admin-layout-{page_name}-390.png"))
     geometry = page.evaluate(GEOMETRY_JS, selector)
     assert geometry["page"]["scrollWidth"] <= geometry["page"]["clientWidth"], "page scrolls"
@@ -407,17 +418,24 @@ CHARTS_JS = """
 () => {
   const rect = (r) => ({left: r.left, right: r.right, top: r.top, bottom: r.bottom,
                         width: r.width, height: r.height});
-  const charts = [...document.querySelectorAll('#redislock-charts svg.chart')].map((svg) => {
+  // The drawing on screen: a wide chart's compact drawing is in the page too, not displayed.
+  const shown = [...document.querySelectorAll('#redislock-charts svg.chart')].filter(
+    (svg) => getComputedStyle(svg).display !== 'none');
+  const charts = shown.map((svg) => {
     const scroll = svg.closest('.chart-scroll');
+    // Text size on screen: the font size times the SVG's scale (viewBox units to CSS px).
+    const scale = svg.getScreenCTM().a;
     return {
       figure: svg.closest('figure').className,
+      drawing: svg.getAttribute('class'),
       box: rect(svg.getBoundingClientRect()),
       scroll: {...rect(scroll.getBoundingClientRect()), scrollWidth: scroll.scrollWidth,
-               clientWidth: scroll.clientWidth},
+               clientWidth: scroll.clientWidth, scrollLeft: scroll.scrollLeft},
       bars: [...svg.querySelectorAll('rect.bar')].map((r) => ({
         box: rect(r.getBoundingClientRect()), title: r.querySelector('title').textContent})),
       texts: [...svg.querySelectorAll('text')].map((t) => ({
-        box: rect(t.getBoundingClientRect()), text: t.textContent})),
+        box: rect(t.getBoundingClientRect()), text: t.textContent,
+        px: parseFloat(getComputedStyle(t).fontSize) * scale})),
     };
   });
   return {
@@ -471,11 +489,12 @@ def test_statistics_charts_are_drawn_legibly_and_fit(
         scroll = chart["scroll"]
         assert scroll["left"] >= -0.5 and scroll["right"] <= width + 0.5, chart["figure"]
         assert chart["box"]["width"] <= scroll["scrollWidth"] + 0.5
-        # Text is legible (at least 3/4 of its drawn size) and never drawn over other text or
-        # over a bar.
+        # Text is legible (never under 11 px on screen: a narrow box gets the compact drawing,
+        # not shrunken text) and never drawn over other text or over a bar.
         svg = chart["box"]
         for text in chart["texts"]:
-            assert text["box"]["height"] >= 10, (chart["figure"], text)
+            assert text["px"] >= 10.95, (chart["figure"], text)
+            assert text["box"]["height"] >= 12, (chart["figure"], text)
             inside = svg["left"] - 0.5 <= text["box"]["left"] <= text["box"]["right"]
             assert inside and text["box"]["right"] <= svg["right"] + 0.5, (chart["figure"], text)
         for one, other in itertools.combinations(chart["texts"], 2):
@@ -484,6 +503,9 @@ def test_statistics_charts_are_drawn_legibly_and_fit(
             for bar in chart["bars"]:
                 assert not overlap(text["box"], bar["box"]), (chart["figure"], text, bar)
     timeline, holders = found["charts"][0], found["charts"][1]
+    # The wide drawings beside the sidebar; on a phone the compact ones (labels above the bars).
+    drawing = "chart chart-wide" if width >= 1000 else "chart chart-compact"
+    assert (timeline["drawing"], holders["drawing"]) == (drawing, drawing)
     assert len(timeline["bars"]) > 11  # 11 busy minutes, some with failures stacked on top
     assert any("failed" in b["title"] for b in timeline["bars"])
     # Longest held first: the locks of REALISTIC_LOCKS were acquired "now" in the record, so
@@ -501,3 +523,109 @@ def test_statistics_charts_are_drawn_legibly_and_fit(
         int(box["bottom"] + scroll_y),
     )
     assert sum(inked) > len(inked) // 3, "the timeline chart is not painted"
+
+
+# -- issue 29: names, the timeline's scroll and ticks ----------------------------------------------
+
+#: Names as Celery's task names make them: dotted paths with underscores.
+DOTTED_NAMES = ["reports.tasks.build_report", "reports.tasks.sync_inventory"]
+
+
+@pytest.fixture
+def dotted_stats(realistic_data):
+    keys = keyspace()
+    figures = next(iter(STATS.values()))
+    write_stats(
+        get_client(),
+        [
+            StatsUpdate(
+                keys.stats(n), keys.stats_max(n), figures.counters, figures.totals, figures.maxima
+            )
+            for n in DOTTED_NAMES
+        ],
+        now=time.time(),
+        ttl=3600,
+    )
+
+
+NAME_LINES_JS = """
+(selector) => [...document.querySelectorAll(selector)].map((cell) => {
+  // The text of each line the cell is painted on, from the position of every character.
+  const lines = [];
+  let top = null, line = '';
+  const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+  while (walker.nextNode()) {
+    const node = walker.currentNode;
+    for (let i = 0; i < node.length; i++) {
+      const range = document.createRange();
+      range.setStart(node, i);
+      range.setEnd(node, i + 1);
+      const r = range.getClientRects()[0];
+      if (!r) continue;
+      if (top !== null && r.top > top + r.height / 2) { lines.push(line); line = ''; }
+      if (top === null || r.top > top + r.height / 2) top = r.top;
+      line += node.data[i];
+    }
+  }
+  lines.push(line);
+  return {name: cell.textContent, lines};
+})
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("width", [1280, 390])
+@pytest.mark.parametrize("page_name", ["statistics", "detail"])
+def test_statistics_names_wrap_between_their_parts_never_inside_a_word(
+    live_server, browser, operator, dotted_stats, page_name, width
+):
+    """``reports.tasks.build_repor|t`` was a reviewer's 1280 px view: a name wraps after a dot,
+    an underscore or a hyphen, or not at all."""
+    page = open_page(browser, live_server, operator, width, PAGES[page_name][0])
+    page.screenshot(path=str(ARTIFACTS / f"admin-names-{page_name}-{width}.png"), full_page=True)
+    # The table's names, and the headings of the statistics page's wait and hold cards.
+    cells = page.evaluate(NAME_LINES_JS, "#stats-list tbody .field-name, .chart-card h3")
+    names = {cell["name"] for cell in cells}
+    assert REALISTIC_LOCKS[1][0] in names
+    if page_name == "statistics":
+        assert set(DOTTED_NAMES) <= names
+        assert page.locator(".chart-card h3").count() >= 6  # 4 + 2 templates' cards checked too
+    for cell in cells:
+        assert "".join(cell["lines"]) == cell["name"], cell
+        for line in cell["lines"][:-1]:
+            assert line[-1] in "._-", f"{cell['name']!r} breaks inside a word: {cell['lines']}"
+    # The long names do wrap (the check above is not vacuous), between whole parts.
+    wrapped = [cell for cell in cells if len(cell["lines"]) > 1]
+    assert wrapped, cells
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("width", [1280, 390, 320])
+def test_the_timeline_opens_on_its_latest_minute_with_round_ticks(
+    live_server, browser, operator, realistic_data, width
+):
+    """On a phone the timeline is drawn narrower and fits; narrower still it scrolls, and opens
+    scrolled to its right end ("now"), never to the oldest minute. Ticks are round minutes."""
+    page = open_page(browser, live_server, operator, width, PAGES["statistics"][0])
+    page.locator("#chart-activity").screenshot(path=str(ARTIFACTS / f"admin-timeline-{width}.png"))
+    timeline = page.evaluate(CHARTS_JS)["charts"][0]
+    assert "chart-timeline" in timeline["figure"]
+    scroll = timeline["scroll"]
+    visible = (scroll["left"] - 0.5, scroll["right"] + 0.5)
+    latest = [b for b in timeline["bars"] if b["title"].startswith("0 min ago")]
+    assert latest, "the latest minute has a bar (realistic_data)"
+    for bar in latest:
+        assert visible[0] <= bar["box"]["left"] and bar["box"]["right"] <= visible[1], bar
+    [now] = [t for t in timeline["texts"] if t["text"] == "now"]
+    assert visible[0] <= now["box"]["left"] and now["box"]["right"] <= visible[1], now
+    if width >= 390:  # the whole hour fits
+        assert scroll["scrollWidth"] <= scroll["clientWidth"]
+        for bar in timeline["bars"]:
+            assert visible[0] <= bar["box"]["left"] and bar["box"]["right"] <= visible[1], bar
+    else:  # it scrolls inside its box, and opened at its end
+        assert scroll["scrollWidth"] > scroll["clientWidth"]
+    ticks = [t["text"] for t in timeline["texts"] if re.fullmatch(r"-\d+ min", t["text"])]
+    assert len(ticks) >= 3, timeline["texts"]
+    minutes = [int(tick[1:].split()[0]) for tick in ticks]
+    assert all(m % 5 == 0 for m in minutes), ticks
+    assert minutes == sorted(minutes, reverse=True)  # oldest at the left

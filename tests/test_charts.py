@@ -53,3 +53,45 @@ def test_long_names_keep_both_ends():
     )
     label = chart.labels[0].text
     assert len(label) == 36 and label.startswith("billing.") and label.endswith(":1234567")
+
+
+def minutes(count: int) -> tuple[Minute, ...]:
+    start = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    return tuple(Minute(start, 1, 0) for _ in range(count))
+
+
+def test_timeline_ticks_are_round_minutes_and_now():
+    chart = charts.timeline_chart([LockStats("a", per_minute=minutes(60))])
+    ticks = [label.text for label in chart.labels if not label.text.startswith("peak")]
+    assert ticks == ["-50 min", "-40 min", "-30 min", "-20 min", "-10 min", "now"]
+    assert chart.compact is not None
+    compact = [label.text for label in chart.compact.labels if not label.text.startswith("peak")]
+    assert compact == ["-45 min", "-30 min", "-15 min", "now"]
+    # "now" sits at the right edge; a tick at the left edge is anchored there (never cut off).
+    assert chart.labels[-2].anchor == "end" and chart.labels[-2].x == chart.width - 8
+    edge = charts.timeline_chart([LockStats("a", per_minute=minutes(61))])
+    assert (edge.labels[0].text, edge.labels[0].anchor, edge.labels[0].x) == ("-60 min", "start", 8)
+
+
+def test_wide_charts_have_a_compact_drawing_that_never_shrinks_text():
+    timeline = charts.timeline_chart([LockStats("a", per_minute=minutes(60))])
+    assert timeline.compact is not None
+    assert (timeline.width, timeline.compact.width) == (charts.WIDE, charts.NARROW)
+    assert len(timeline.compact.bars) == len(timeline.bars)
+    for chart in (timeline, timeline.compact):
+        assert chart.min_width == chart.width  # drawn at least at 1:1: 11 px text stays 11 px
+    histogram = charts.distribution_chart(LockStats("a", wait_buckets=buckets(i0=1)), "wait")
+    assert histogram.compact is None and histogram.width == charts.NARROW
+
+
+def test_compact_rows_put_each_label_above_its_bar():
+    name = "billing.tasks.reconcile_ledger_entries_for_customer_account:1234567"
+    chart = charts.outcome_chart([LockStats(name, 3), LockStats("short", 1)])
+    compact = chart.compact
+    assert compact is not None and compact.width == charts.NARROW
+    names = [label for label in compact.labels if label.anchor == "start" and label.x == 0]
+    assert [label.text[:8] for label in names] == ["billing.", "short"]
+    assert len(names[0].text) == 44 and names[0].text.endswith(":1234567")  # both ends kept
+    for label, bar in zip(names, compact.bars, strict=True):
+        assert label.y < bar.y  # the label's baseline is above its bar
+        assert bar.x + bar.width <= compact.width

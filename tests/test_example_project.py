@@ -505,3 +505,113 @@ def test_a_second_demo_from_the_same_checkout_runs_beside_the_first(
     orphan = manage_py(first, root, "redislock", "list")
     assert orphan.returncode != 0
     assert f"No demo is running with {first.var_dir}" in orphan.stderr
+
+
+#: What status.json answers in a busy production-like demo: long dotted names, task ids, tokens.
+LONG_NAME = "billing.tasks.reconcile_ledger_entries_for_customer_account:1234567"
+BUSY_STATUS = {
+    "runs": {"report:7": 1, "inventory-sync": 12, "invoice:42": 2},
+    "overlaps": {"inventory-sync": 0, "invoice:42": 0},
+    "locks": [
+        {
+            "name": LONG_NAME,
+            "task_id": "c0a8f6b2-1f7e-4a43-9d4e-5b5c1f0e8e01",
+            "pid": 41234,
+            "host": "celery-worker-billing-7d9f8b6c5d-x2k9p.prod.eu-west-1.internal",
+            "fencing_token": 1795874490323683,
+            "expires_in": 13.9,
+        }
+    ],
+    "executions": [
+        {
+            "job": "reconcile",
+            "lock_name": LONG_NAME,
+            "outcome": "done",
+            "attempt": 0,
+            "pid": 41234 + i,
+            "task_id": "c0a8f6b2-1f7e-4a43-9d4e-5b5c1f0e8e01",
+            "fencing_token": 1795874490323683 + i,
+            "started_at": "2026-01-01T14:01:30.345000+00:00",
+            "finished_at": "2026-01-01T14:01:36.442000+00:00",
+        }
+        for i in range(5)
+    ],
+}
+
+HOME_LAYOUT_JS = """
+() => ({
+  page: {scrollWidth: document.documentElement.scrollWidth, innerWidth: window.innerWidth},
+  tables: [...document.querySelectorAll('section table')].map((table) => {
+    const box = table.closest('.table-scroll'), card = table.closest('section');
+    const r = (e) => e.getBoundingClientRect();
+    return {rows: table.tBodies[0].rows.length, card: {left: r(card).left, right: r(card).right},
+            box: box && {left: r(box).left, right: r(box).right, scrollWidth: box.scrollWidth,
+                         clientWidth: box.clientWidth, overflowX: getComputedStyle(box).overflowX},
+            width: r(table).width};
+  }),
+  step5: (() => {
+    const card = [...document.querySelectorAll('section')].find(
+      (s) => s.textContent.includes('Guarded management command'));
+    const codes = [...card.querySelectorAll('code')].map((c) => c.innerText);
+    return {text: card.innerText, codes};
+  })(),
+})
+"""
+
+
+def test_demo_home_page_fits_a_phone_and_shows_commands_that_run(
+    demo_factory: DemoFactory, tmp_path: Path
+) -> None:
+    """Issue 29: at 390 px the home page was 813 px wide (its tables pushed out of their cards),
+    and step 5 said ``python example_project/manage.py``, which the system Python cannot run."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_admin_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
+
+    root = tmp_path / "checkout-var"  # example_project/var/ of a checkout, as `make demo` uses
+    demo = demo_factory("--no-traffic", var_root=root)
+    wait_until_ready(demo)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            for width in (1280, 390):
+                page = chromium.new_page(viewport={"width": width, "height": 844})
+                page.route("**/status.json", lambda route: route.fulfill(json=BUSY_STATUS))
+                page.goto(demo.base_url)
+                page.wait_for_function("document.querySelectorAll('#executions tr').length === 5")
+                page.screenshot(path=str(ARTIFACTS / f"demo-home-{width}.png"), full_page=True)
+                found = page.evaluate(HOME_LAYOUT_JS)
+                assert found["page"]["scrollWidth"] <= found["page"]["innerWidth"], found["page"]
+                for table in found["tables"]:
+                    box, card = table["box"], table["card"]
+                    assert table["rows"] and box is not None, table
+                    # Inside its card; what does not fit scrolls inside the box, not the page.
+                    assert card["left"] <= box["left"] and box["right"] <= card["right"], table
+                    assert box["overflowX"] == "auto"
+                    assert box["scrollWidth"] >= table["width"] - 0.5
+                if width == 390:  # the executions table does not fit a phone: it scrolls
+                    boxes = [table["box"] for table in found["tables"]]
+                    assert any(box["scrollWidth"] > box["clientWidth"] for box in boxes)
+                step5 = found["step5"]
+                page.close()
+        finally:
+            chromium.close()
+
+    # Step 5 names the venv's Python and this demo's port, and its commands run as shown (from
+    # the checkout, with the demo venv's python where the page says .venv/bin/python).
+    commands = [code for code in step5["codes"] if "manage.py" in code]
+    assert len(commands) == 2, step5
+    assert all(c.startswith(f"DEMO_PORT={demo.port} .venv/bin/python ") for c in commands), step5
+    assert "rebuild_search_index --seconds 20" in commands[0]
+    assert "DEMO_PORT" in step5["codes"][len(commands) :]  # and says what DEMO_PORT is
+    listed = commands[-1].split()
+    assert listed[2:] == ["example_project/manage.py", "redislock", "list"], commands
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL" and not k.startswith("DEMO_")}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    env.update(DEMO_VAR_ROOT=str(root), DEMO_PORT=listed[0].partition("=")[2])
+    run = subprocess.run(
+        [demo.python, *listed[2:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    stop(demo)

@@ -13,6 +13,7 @@ from collections import defaultdict
 from itertools import pairwise
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
@@ -37,7 +38,15 @@ def _int(request: HttpRequest, field: str, default: int, low: int = 1, high: int
 
 @require_GET
 def index(request: HttpRequest) -> HttpResponse:
-    return render(request, "reports/index.html", {"max_copies": MAX_COPIES})
+    # manage.py in another terminal finds this demo's Redis by its port (demo/settings.py).
+    port = str(settings.DEMO_PORT)
+    context = {
+        "max_copies": MAX_COPIES,
+        "demo_port": port,
+        "manage": f"{'' if port == '8000' else f'DEMO_PORT={port} '}"
+        ".venv/bin/python example_project/manage.py",
+    }
+    return render(request, "reports/index.html", context)
 
 
 @require_POST

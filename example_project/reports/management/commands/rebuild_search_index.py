@@ -1,7 +1,8 @@
 """A cron-style command that must never run twice at once (two cron hosts, a slow run...).
 
-Try it: ``python example_project/manage.py rebuild_search_index --seconds 20`` in two terminals;
-the second one exits at once with status 1.
+Try it, from the checkout with the demo running, in two terminals:
+``.venv/bin/python example_project/manage.py rebuild_search_index --seconds 20`` (prefixed with
+``DEMO_PORT=8001`` for a demo on port 8001); the second one exits at once with status 1.
 """
 
 from __future__ import annotations
