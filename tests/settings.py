@@ -114,6 +114,10 @@ CACHES = {
 }
 
 REDISLOCK: dict[str, object] = {}
+# The suite's caches share one server and database on purpose (several flavours of one lock
+# cache): W005 would print before every management command the tests run as a subprocess.
+# tests/test_checks.py tests W005 itself (check_settings() reports silenced checks too).
+SILENCED_SYSTEM_CHECKS = ["django_redislock.W005"]
 #: REDISLOCK_TEST_TRANSPORT runs the suite on another transport (`make test-flavours`: "lean").
 if os.environ.get("REDISLOCK_TEST_TRANSPORT"):
     REDISLOCK["TRANSPORT"] = os.environ["REDISLOCK_TEST_TRANSPORT"]

@@ -466,7 +466,6 @@ def started(proc: subprocess.Popen[str]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_a_lock_lost_while_a_locked_command_runs_is_one_line_and_exit_1():
     proc = start_manage("slow_guarded", "--seconds", "1")
     try:
@@ -477,11 +476,13 @@ def test_a_lock_lost_while_a_locked_command_runs_is_one_line_and_exit_1():
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-    assert error_line(result) == (
-        "CommandError: slow_guarded: Lock 'command:slow_guarded' was lost (expired or "
-        "force-released) while the protected block ran; its work may have overlapped with "
-        "another holder. Check the work this run did before trusting it."
+    line = error_line(result)
+    assert line.startswith(
+        "CommandError: slow_guarded: Lock 'command:slow_guarded' was lost while the protected "
+        "block ran: its key expired unrenewed, was force-released, or was deleted with its "
+        "database (cache.clear() or FLUSHDB"
     )
+    assert line.endswith("Check the work this run did before trusting it.")
     assert "done" in result.stdout  # the body ran to its end; only its outcome is suspect
 
 
