@@ -462,6 +462,11 @@ def notes(
             f"7b: {con['runs']} runs x {con['rounds']} rounds x {con['duration']:g} s per peer "
             "(a new event loop per block); hand-off = next holder is another task."
         )
+    lines.append(
+        'No TRANSPORT="lean" rows here: the lean transport keeps a connection per thread for '
+        "sync single calls only; AsyncLock runs on the same asyncio client (one per event loop, "
+        "its own pool) under either transport."
+    )
     if lag:
         lines.append(
             f"7c: lag figures: median of {lag['parts']} equal parts of each window "

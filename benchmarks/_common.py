@@ -55,6 +55,9 @@ DASH = "\N{EN DASH}"
 OURS = "django-redislock"
 OURS_NO_RENEW = "django-redislock auto_renew=False"
 OURS_NO_STATS = "django-redislock STATS=False"
+#: Our default ``Lock`` with ``REDISLOCK["TRANSPORT"] = "lean"`` (a connection kept per thread)
+#: instead of the default "redis-py" transport (a pooled connection per call).
+OURS_LEAN = "django-redislock TRANSPORT=lean"
 OURS_SCRIPTS = "django-redislock scripts only"
 REDIS_PY = "redis-py Lock"
 REDIS_PY_SLOW = "redis-py Lock sleep=0.1"
@@ -132,7 +135,7 @@ def client() -> Any:
 
 def make_lock(peer: str, name: str, conn: Any) -> Any:
     """A lock object of ``peer`` with the options the tables compare (30 s lease each)."""
-    if peer in (OURS, OURS_NO_STATS):
+    if peer in (OURS, OURS_NO_STATS, OURS_LEAN):  # settings: see :func:`peer_settings`
         from django_redislock import Lock
 
         return Lock(name)
@@ -150,6 +153,32 @@ def make_lock(peer: str, name: str, conn: Any) -> Any:
 
         return redis_lock.Lock(conn, name, expire=LEASE)
     raise ValueError(f"unknown peer {peer!r}")
+
+
+#: ``REDISLOCK`` keys a peer of ours runs under, on top of the process's own settings.
+PEER_SETTINGS: dict[str, dict[str, Any]] = {
+    OURS_NO_STATS: {"STATS": False},
+    OURS_LEAN: {"TRANSPORT": "lean"},
+}
+
+
+@contextlib.contextmanager
+def peer_settings(peer: str) -> Iterator[None]:
+    """The settings ``peer`` runs under: its :data:`PEER_SETTINGS` over the process's
+    ``REDISLOCK`` (Django's ``override_settings``, as a user's settings would be), or nothing.
+
+    A settings change makes the runtime forget its clients and transports, so the first calls
+    inside (and after) rebuild them: callers run untimed warm-up cycles first.
+    """
+    extra = PEER_SETTINGS.get(peer)
+    if not extra:
+        yield
+        return
+    from django.conf import settings
+    from django.test.utils import override_settings
+
+    with override_settings(REDISLOCK={**(settings.REDISLOCK or {}), **extra}):
+        yield
 
 
 def acquire_within(peer: str, lock: Any, seconds: float) -> bool:

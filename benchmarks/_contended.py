@@ -34,9 +34,25 @@ from benchmarks._common import DASH, X
 FORKED = ", forked processes"
 OURS_FORKED = c.OURS + FORKED
 PRL_FORKED = c.PRL + FORKED
-CONTENDED_PEERS = (c.OURS, c.PRL, c.REDIS_PY_SLOW, c.REDIS_PY_FAST, OURS_FORKED, PRL_FORKED)
+CONTENDED_PEERS = (
+    c.OURS,
+    c.OURS_LEAN,
+    c.PRL,
+    c.REDIS_PY_SLOW,
+    c.REDIS_PY_FAST,
+    OURS_FORKED,
+    PRL_FORKED,
+)
 #: The last two are floors: no lock object, just a cycle's round trips (see :func:`many_keys`).
-MANY_KEYS_PEERS = (c.OURS, c.REDIS_PY_FAST, c.PRL, c.PING2, c.MINIMAL_LUA, c.OURS_SCRIPTS)
+MANY_KEYS_PEERS = (
+    c.OURS,
+    c.OURS_LEAN,
+    c.REDIS_PY_FAST,
+    c.PRL,
+    c.PING2,
+    c.MINIMAL_LUA,
+    c.OURS_SCRIPTS,
+)
 #: An acquisition that waited longer than this counts as a stall (a lost hand-off, a long poll).
 STALL_S = 1.0
 
@@ -45,7 +61,13 @@ STALL_S = 1.0
 
 
 def loop(peer: str, key: str, t_start: float, t_end: float, grace: float) -> dict[str, Any]:
-    """One process of a contended block: acquire -> release on ``key`` until ``t_end``."""
+    """One process of a contended block: acquire -> release on ``key`` until ``t_end``, under
+    the peer's settings (``TRANSPORT=lean``: set before the block's first lock)."""
+    with c.peer_settings(peer):
+        return _loop(peer, key, t_start, t_end, grace)
+
+
+def _loop(peer: str, key: str, t_start: float, t_end: float, grace: float) -> dict[str, Any]:
     conn = c.client()
     lock = c.make_lock(peer, key, conn)
     events: list[tuple[float, float, float, float]] = []
@@ -364,6 +386,21 @@ def many_keys(
     any lock with two round trips per cycle costs on this client, with the same threads and
     cores), or the smallest correct script lock on the random key.
     """
+    with c.peer_settings(peer):  # TRANSPORT=lean: set before the threads start
+        return _many_keys(peer, prefix, keys, threads, t_start, t_end, warm, grace, seed)
+
+
+def _many_keys(
+    peer: str,
+    prefix: str,
+    keys: int,
+    threads: int,
+    t_start: float,
+    t_end: float,
+    warm: float,
+    grace: float,
+    seed: int,
+) -> dict[str, Any]:
     conn = c.client()
     clock = time.perf_counter
     floor = _floor_op(peer, conn)
@@ -874,6 +911,10 @@ def contended_notes(res: dict[str, Any]) -> list[str]:
         f"'{FORKED.lstrip(', ')}': the same block with the {res['procs']} processes forked from "
         "one parent that ran no lock (as Celery's prefork pool and gunicorn start theirs) "
         "instead of spawned; their ratio is to python-redis-lock's forked row.",
+        f"{c.OURS_LEAN}: the first row's Lock with REDISLOCK['TRANSPORT'] = 'lean' (each thread "
+        "keeps one connection of the pool) in the same processes, set for its blocks before "
+        "their first lock; the first row runs the default 'redis-py' transport (a pooled "
+        "connection per call).",
     ]
 
 
@@ -920,4 +961,7 @@ def many_keys_notes(res: dict[str, Any]) -> list[str]:
         "per thread, a busy key retried at once. The last row is what our protocol costs "
         "without the engine; the gap between it and the first is the Python engine (face, "
         "flow, hold table, watchdog, statistics).",
+        f"{c.OURS_LEAN}: the first row's operation with REDISLOCK['TRANSPORT'] = 'lean' (each "
+        f"thread keeps one connection of the pool: {res['threads']} per process here) instead "
+        "of the default 'redis-py' (a pooled connection per call); its ratio is lean / default.",
     ]

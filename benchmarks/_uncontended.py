@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import contextlib
 import cProfile
+import functools
 import itertools
 import pstats
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks import _common as c
@@ -47,6 +48,7 @@ OURS_FRESH = "django-redislock, new name per cycle"
 REDIS_PY_FRESH = "redis-py Lock, new name per cycle"
 PEERS = (
     c.OURS,
+    c.OURS_LEAN,
     c.OURS_NO_RENEW,
     c.OURS_NO_STATS,
     c.OURS_SCRIPTS,
@@ -61,14 +63,6 @@ PEERS = (
 #: The row a peer's "x redis-py" ratio is taken against (redis-py's ``Lock`` unless named).
 REFERENCE = {OURS_FRESH: REDIS_PY_FRESH}
 WARMUP = 5  # untimed cycles at the start of every block (rebuilt caches after a settings swap)
-
-
-@contextlib.contextmanager
-def _stats_off() -> Iterator[None]:
-    from django.test.utils import override_settings
-
-    with override_settings(REDISLOCK={"STATS": False}):
-        yield
 
 
 def _peer_cycles(conn: Any) -> dict[str, tuple[Callable[[], None], Callable[[], Any]]]:
@@ -101,7 +95,9 @@ def _peer_cycles(conn: Any) -> dict[str, tuple[Callable[[], None], Callable[[], 
             lock.acquire()
             lock.release()
 
-        cycles[peer] = (cycle, _stats_off if peer == c.OURS_NO_STATS else contextlib.nullcontext)
+        # STATS=False and TRANSPORT=lean: the same Lock under other settings, swapped in per
+        # block (the runtime rebuilds its client and transport; WARMUP cycles absorb that).
+        cycles[peer] = (cycle, functools.partial(c.peer_settings, peer))
     return cycles
 
 
@@ -344,6 +340,8 @@ def run(runs: int, rounds: int, per_round: int, count_cycles: int) -> dict[str, 
                 "p99_us": c.percentile(b.samples, 0.99) * 1e6,
                 "x_redis_py": b.ratio(blocks[REFERENCE.get(peer, c.REDIS_PY)]),
                 "x_2ping": b.ratio(blocks[c.PING2]),
+                "x_prl": b.ratio(blocks[c.PRL]),
+                "x_ours": b.ratio(blocks[c.OURS]),
                 "redis_cpu_us": b.server_cpu_s / n * 1e6,
                 "redis_time_us": rt["total_us"],
                 "redis_in_scripts_us": rt["in_scripts_us"],
@@ -699,7 +697,8 @@ def _per_call(measured: dict[str, Any], calls: int) -> dict[str, Any]:
 # -- report ---------------------------------------------------------------------------------------
 
 _LABELS = {
-    c.OURS: "django-redislock (defaults: stats on, auto-renew on)",
+    c.OURS: "django-redislock (defaults: stats on, auto-renew on, TRANSPORT=redis-py)",
+    c.OURS_LEAN: 'django-redislock TRANSPORT="lean" (a connection kept per thread)',
     c.OURS_NO_RENEW: "django-redislock auto_renew=False",
     c.OURS_NO_STATS: "django-redislock STATS=False",
     c.OURS_SCRIPTS: "django-redislock scripts only (2 x EVALSHA, no engine)",
@@ -775,7 +774,25 @@ def notes(res: dict[str, Any]) -> list[str]:
         "Redis cmds: every command executed, those inside scripts included.",
         f"Redis CPU: server process CPU per cycle ({res['cpu_source']}), network syscalls "
         "included. Client CPU: this process, all threads (watchdog, statistics flusher).",
+        _transport_note(res),
     ]
+
+
+def _transport_note(res: dict[str, Any]) -> str:
+    """What the default transport costs: the lean row against the default one, round by
+    round, and both against python-redis-lock (not a column of the table)."""
+    per_run = res["per_run"]
+
+    def ratio(peer: str, key: str) -> str:
+        return c.Spread.of([run[peer][key] for run in per_run]).fmt(2, X)
+
+    return (
+        f'TRANSPORT="lean" (each thread keeps one connection of the pool; the default '
+        f'"redis-py" takes one from the pool per call): {ratio(c.OURS_LEAN, "x_ours")} the '
+        f"default row's time; {X} python-redis-lock: default {ratio(c.OURS, 'x_prl')}, lean "
+        f"{ratio(c.OURS_LEAN, 'x_prl')}. Both rows are the same Lock, measured in the same "
+        "rounds; the lean row's settings are swapped in per block (override_settings)."
+    )
 
 
 def profile_lines(res: dict[str, Any]) -> list[str]:
