@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.checks import ERROR, CheckMessage, Error, Tags, Warning, register
 
 from django_redislock.conf import DEFAULTS, validate_settings
 from django_redislock.connection import (
@@ -172,6 +172,12 @@ def _shared_cache_messages(alias: str) -> list[CheckMessage]:
     ]
 
 
+def _settings_broken() -> bool:
+    """Whether the settings have an error (the server checks then have nothing to ask);
+    warnings such as W005 do not stop them."""
+    return any(m.level >= ERROR for m in check_settings())
+
+
 def check_eviction_policy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Warn unless the lock server's ``maxmemory-policy`` is ``noeviction``.
 
@@ -179,7 +185,7 @@ def check_eviction_policy(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     lock under memory pressure, and a second owner then acquires it. Read through ``INFO memory``
     (works where ``CONFIG`` is renamed or disabled); a server that cannot be asked is skipped.
     """
-    if check_settings():
+    if _settings_broken():
         return []
     from django_redislock.client import eviction_policy
     from django_redislock.runtime import get_client
@@ -219,7 +225,7 @@ def check_cluster_client(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
     the server (``INFO cluster``), so it is tagged ``deploy`` like the eviction check; the
     first lock call names the same cause if the check was not run.
     """
-    if check_settings():
+    if _settings_broken():
         return []
     from django_redislock.connection import is_cluster
     from django_redislock.runtime import get_client
