@@ -139,7 +139,7 @@ def test_a_killed_connection_during_a_wait_keeps_waiting(redis_client, kind, fre
     killed = redis_client.client_kill_filter(_type=kind)
     assert killed >= 1
     time.sleep(1.5)  # the old failure surfaced here, after the killed read
-    assert waiter.is_alive() and waiter.error is None
+    assert waiter.is_alive() and waiter.error is None, (waiter.result, repr(waiter.error))
     holder.release()
     waiter.join(10)
     assert waiter.error is None and waiter.result is True
