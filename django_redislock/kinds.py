@@ -85,6 +85,32 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _cancel(
+    script: Any,
+    keys: list[str],
+    target: Any,
+    name: str,
+    owner: str,
+    attempt: str,
+    take: bool,
+    lease: float,
+    void_ms: int,
+    last: str,
+) -> Call:
+    """A call of ``cancel.lua`` or ``sem_cancel.lua``: the same keys (the kind's, then the
+    attempt's void marker) and arguments, but for the last, which is each script's own."""
+    args = [
+        owner,
+        attempt,
+        "1" if take else "0",
+        max(1, int(lease * 1000)),
+        *target.wake_args(lease),
+        void_ms,
+        last,
+    ]
+    return script, [*keys, target.keys.void(name, attempt)], args
+
+
 def _dropped(reply: Any) -> DropReply:
     """release.lua / cancel.lua's answer for a dropped hold."""
     if isinstance(reply, list):
@@ -172,17 +198,10 @@ class LockKind:
         meta: str = "{}",
         here: str = "",
     ) -> Call:
-        keys = [*self._keys(target, name), target.keys.void(name, attempt)]
-        args = [
-            owner,
-            attempt,
-            "1" if take else "0",
-            max(1, int(lease * 1000)),
-            *target.wake_args(lease),
-            void_ms,
-            here,
-        ]
-        return scripts.CANCEL, keys, args
+        keys = self._keys(target, name)
+        return _cancel(
+            scripts.CANCEL, keys, target, name, owner, attempt, take, lease, void_ms, here
+        )
 
     def read_cancel(self, reply: Any) -> DropReply:
         return _dropped(reply)
@@ -309,17 +328,10 @@ class SemaphoreKind:
         meta: str = "{}",
         here: str = "",
     ) -> Call:
-        keys = [*self._keys(target, name), target.keys.void(name, attempt)]
-        args = [
-            owner,
-            attempt,
-            "1" if take else "0",
-            max(1, int(lease * 1000)),
-            *target.wake_args(lease),
-            void_ms,
-            meta,
-        ]
-        return scripts.SEM_CANCEL, keys, args
+        keys = self._keys(target, name)
+        return _cancel(
+            scripts.SEM_CANCEL, keys, target, name, owner, attempt, take, lease, void_ms, meta
+        )
 
     def read_cancel(self, reply: Any) -> DropReply:
         if isinstance(reply, list):
