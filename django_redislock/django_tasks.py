@@ -28,8 +28,17 @@ from the same neutral module (:mod:`django_redislock.singleflight`); only the pl
   :class:`TaskSkippedError` (``.reason``, ``.holder``, ``.rescheduled_as``), and
   ``task_skipped``/``task_rescheduled`` are sent. ``lock_on_busy="reschedule"`` enqueues the same
   call again with ``run_after`` = now + the countdown (through the normal, deduplicated enqueue).
-- **Crashes.** ``db_worker`` leaves a killed worker's row ``RUNNING``; the key it held is not
-  renewed any more and frees itself within ``lock_timeout``.
+- **Crashes.** ``db_worker`` leaves a killed worker's row ``RUNNING``; the key it held (and its
+  task permit) is not renewed any more and frees itself within ``lock_timeout``.
+- **Flow control** (``lock_rate``, ``task_rate``, ``task_permits``, as on the Celery face). A
+  result id runs once, at its ``run_after``, so a run over a limit cannot be published again
+  under its own id: it ends ``FAILED`` with :class:`TaskThrottledError` (a
+  :class:`TaskSkippedError`; ``.rescheduled_as``: the result enqueued to run after the limit's
+  ``retry_after``) and ``task_throttled`` is sent. Needs a backend that supports ``run_after``.
+- **Debounce** (``lock_mode="debounce"``) is refused at definition (:class:`TaskOptionError`):
+  every publish of a burst must return the id the run will have, and a run that is not due yet
+  must wait under that same id — which a result id that runs once, at a ``run_after`` fixed at
+  enqueue, cannot do. Use :class:`django_redislock.celery.SingleFlightTask` for it.
 - Enqueue inside ``transaction.on_commit`` (Django's own advice for tasks): a row enqueued in a
   transaction that rolls back leaves its key held until its queued lease ends.
 """
@@ -53,6 +62,7 @@ from django_redislock import singleflight
 from django_redislock.naming import argument_digest, compile_key
 from django_redislock.singleflight import (
     Busy,
+    Deferred,
     Duplicate,
     DuplicateTaskError,
     FlightRules,
@@ -62,6 +72,7 @@ from django_redislock.singleflight import (
     task_deduplicated,
     task_rescheduled,
     task_skipped,
+    task_throttled,
 )
 
 if TYPE_CHECKING:
@@ -100,6 +111,7 @@ __all__ = [
     "SingleFlightTask",
     "TaskOptionError",
     "TaskSkippedError",
+    "TaskThrottledError",
     "single_flight_task",
 ]
 
@@ -130,6 +142,23 @@ class TaskSkippedError(Exception):
         super().__init__(
             f"Lock {key!r} is held by {f'task {holder}' if holder else 'another holder'} "
             f"({reason}): {what}."
+        )
+
+
+class TaskThrottledError(TaskSkippedError):
+    """The body of a task did not run: it was over a flow-control limit when the worker started
+    it (``reason``: ``"lock_rate"``, ``"task_rate"`` or ``"task_permits"``). ``rescheduled_as``:
+    the result enqueued to run ``countdown`` seconds later (or the queued one covering this call).
+    """
+
+    def __init__(
+        self, key: str, reason: str, countdown: float, rescheduled_as: str | None = None
+    ) -> None:
+        super().__init__(key, None, reason, rescheduled_as)
+        self.countdown = countdown
+        what = f"rescheduled as {rescheduled_as}" if rescheduled_as else "skipped"
+        self.args = (
+            f"Over its {reason} limit (lock {key!r}): {what}, to run in {countdown:.3g}s.",
         )
 
 
@@ -207,8 +236,10 @@ class SingleFlightTask(Task, Generic[P, T]):  # type: ignore[type-arg]
 
     Options as :class:`django_redislock.celery.SingleFlightTask` (``lock_key``, ``lock_mode``,
     ``lock_permits``, ``lock_on_busy``, ``lock_reschedule_countdown``, ``lock_timeout``,
-    ``lock_queue_timeout``, ``lock_on_duplicate``, ``lock_using``), validated when the task is
-    defined. ``task.using(...)`` keeps them.
+    ``lock_queue_timeout``, ``lock_on_duplicate``, ``lock_using``, and the flow control of
+    ``lock_rate``, ``task_rate``, ``task_permits``), validated when the task is defined.
+    ``lock_mode="debounce"`` is refused (see the module docstring). ``task.using(...)`` keeps
+    them.
     """
 
     lock_key: str | Callable[..., str] | None = None
@@ -220,6 +251,11 @@ class SingleFlightTask(Task, Generic[P, T]):  # type: ignore[type-arg]
     lock_queue_timeout: float | None = None
     lock_on_duplicate: str = "return"
     lock_using: str | None = None
+    lock_rate: str | tuple[int, float] | None = None
+    task_rate: str | tuple[int, float] | None = None
+    task_permits: int | None = None
+    lock_debounce: float | None = None
+    lock_debounce_max: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -228,10 +264,25 @@ class SingleFlightTask(Task, Generic[P, T]):  # type: ignore[type-arg]
             self,
             stats_name=singleflight.stats_row(self.lock_key, self.module_path),
         )
+        if rules.mode == singleflight.DEBOUNCE:
+            raise TaskOptionError(
+                "lock_mode='debounce' is not available for Django tasks: a burst's publishes "
+                "must all return the id its run will have, and a run that is not due yet must "
+                "wait under that id, which a django.tasks result (run once, at the run_after "
+                "fixed when it was enqueued) cannot do. Use django_redislock.celery."
+                f"SingleFlightTask (task {self.module_path})."
+            )
         backend = self.get_backend()
-        if rules.on_busy == "reschedule" and not (backend.supports_defer or _runs_inline(backend)):
-            raise ValueError(
-                f"lock_on_busy='reschedule' needs a backend that supports run_after; "
+        deferring = (
+            "lock_on_busy='reschedule'"
+            if rules.on_busy == "reschedule"
+            else "lock_rate/task_rate/task_permits"
+            if rules.limited
+            else None
+        )
+        if deferring and not (backend.supports_defer or _runs_inline(backend)):
+            raise TaskOptionError(
+                f"{deferring} needs a backend that supports run_after; "
                 f"{type(backend).__name__} does not (task {self.module_path})."
             )
         view = _call_view(self.func, self.takes_context)
@@ -328,7 +379,9 @@ class SingleFlightTask(Task, Generic[P, T]):  # type: ignore[type-arg]
         plain = args[1:] if self.takes_context else args
         key = self.lock_name(plain, kwargs)
         try:
-            flight = singleflight.begin(self.flight_rules, key, str(result.id), None)
+            flight = singleflight.begin(self.flight_rules, key, str(result.id), None, requeue=False)
+        except Deferred as deferred:
+            self._throttled(deferred, plain, kwargs, str(result.id))
         except Busy as busy:
             self._not_run(busy, plain, kwargs, str(result.id))
         try:
@@ -336,6 +389,31 @@ class SingleFlightTask(Task, Generic[P, T]):  # type: ignore[type-arg]
         finally:
             singleflight.end(flight)
         return value
+
+    def _throttled(self, deferred: Deferred, args: Any, kwargs: Any, result_id: str) -> NoReturn:
+        """A run over a limit: enqueue the call again to run after ``deferred.countdown`` (its
+        holds were given back, so the enqueue takes the key anew); always raises
+        :class:`TaskThrottledError`."""
+        later: str | None = None
+        rules = self.flight_rules
+        if self.get_backend().supports_defer:  # an inline backend (tests) cannot defer
+            when = timezone.now() + dt.timedelta(seconds=deferred.countdown)
+            try:
+                later = str(self.using(run_after=when).enqueue(*args, **kwargs).id)
+            except DuplicateTaskError as dup:  # a queued one covers this call already
+                later = dup.task_id
+        singleflight.count_outcome(rules, deferred.key, "throttled")
+        task_throttled.send_robust(
+            type(self),
+            task=self,
+            task_id=result_id,
+            key=deferred.key,
+            reason=deferred.reason,
+            countdown=deferred.countdown,
+        )
+        error = TaskThrottledError(deferred.key, deferred.reason, deferred.countdown, later)
+        logger.info("Task %s[%s]: %s", self.module_path, result_id, error)
+        raise error
 
     def _not_run(self, busy: Busy, args: Any, kwargs: Any, result_id: str) -> NoReturn:
         """Skip, or reschedule, a run whose key is busy; always raises :class:`TaskSkippedError`."""
@@ -385,8 +463,13 @@ def single_flight_task(
     takes_context: bool = False,
     **lock_options: Any,
 ) -> Any:
-    """``@task`` for single-flight tasks: Django's task options plus the ``lock_*`` options."""
-    unknown = sorted(name for name in lock_options if not name.startswith("lock_"))
+    """``@task`` for single-flight tasks: Django's task options plus the ``lock_*`` options,
+    ``task_rate`` and ``task_permits``."""
+    unknown = sorted(
+        name
+        for name in lock_options
+        if not name.startswith("lock_") and name not in ("task_rate", "task_permits")
+    )
     if unknown:
         raise TypeError(f"single_flight_task() got unexpected options {unknown}")
 

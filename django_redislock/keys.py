@@ -94,6 +94,17 @@ class KeySpace:
         """Marks an attempt cancelled for a while: its delayed request changes nothing."""
         return f"{self.namespace}:void:{{{tag_of(name)}}}:{attempt}"
 
+    def debounce(self, task: str, key: str) -> str:
+        """Hash of the pending burst of a debounced task's lock key (``lock_mode="debounce"``).
+
+        Tagged by the *task* name, not the lock key, so a task's bursts and their index
+        (:meth:`debounce_index`) share one Cluster slot and one script can touch both."""
+        return f"{self.namespace}:debounce:{{{tag_of(task)}}}:{key}"
+
+    def debounce_index(self, task: str) -> str:
+        """Sorted set of a debounced task's pending bursts: lock key -> when its run is due."""
+        return f"{self.namespace}:debounce-due:{{{tag_of(task)}}}"
+
     @property
     def wake_channel_prefix(self) -> str:
         """Channels (not keys) a waiter's process listens on: this + its process token."""

@@ -20,6 +20,11 @@ from redis.exceptions import ResponseError
 __all__ = [
     "ACQUIRE",
     "CANCEL",
+    "DEBOUNCE_CLAIM",
+    "DEBOUNCE_GATHER",
+    "DEBOUNCE_OVERDUE",
+    "DEBOUNCE_POSTPONE",
+    "DEBOUNCE_RESCUE",
     "FORCE_RELEASE",
     "INSPECT",
     "RELEASE",
@@ -127,3 +132,8 @@ SEM_CANCEL = Script("sem_cancel.lua")
 SEM_RENEW = Script("sem_renew.lua")
 SEM_FORCE_RELEASE = Script("sem_force_release.lua")
 SEM_INSPECT = Script("sem_inspect.lua")
+DEBOUNCE_GATHER = Script("debounce_gather.lua")
+DEBOUNCE_CLAIM = Script("debounce_claim.lua")
+DEBOUNCE_POSTPONE = Script("debounce_postpone.lua")
+DEBOUNCE_OVERDUE = Script("debounce_overdue.lua")
+DEBOUNCE_RESCUE = Script("debounce_rescue.lua")

@@ -28,6 +28,8 @@ mode                 publish                    run start                   run 
                                                 ``key``
 ``until_expired``    take ``key`` for           check ``key`` is ours (or   --
                      ``lock_timeout``           free: take it)
+``debounce``         join the burst's record    when due: take ``key``      release it
+                     (:mod:`.debounce`)         (a lock), claim the record
 ===================  =========================  ==========================  =====================
 
 Owners: publish-time holds belong to the flight id, so the worker re-enters what the publisher
@@ -35,6 +37,33 @@ took. Run-time locks (``while_executing``, the coalesce run slot) belong to
 ``"<flight id>#<attempt>"``: a retry is another attempt of the same flight, which must not re-enter
 its predecessor's lock while that one is still releasing it, whereas a second delivery of the same
 message (same attempt) does re-enter it and is recognised as already running.
+
+**Flow control** (``lock_rate``, ``task_rate``, ``task_permits``) is checked at run start, once
+the mode's run-time step succeeded (so a delivery that is skipped spends no rate and takes no
+permit, and a second delivery of a running message is recognised before any limit is asked):
+the per-key rate (a :class:`~django_redislock.ratelimit.RateLimiter` named by the lock key),
+then the task's rate (one named by the task), then a permit of the task's semaphore
+(``"<task name>:permits"``, a :class:`~django_redislock.semaphore.Semaphore` held, renewed and
+released like the run's own lock, and freed for a dead worker by :func:`abandon`). A run over a
+limit raises :class:`Deferred` (``throttled``): :func:`begin` has already put the holds back as
+a queued message holds them (``until_executed``: the re-entry is given back and the publish hold
+gets the queued lease again) and says in ``Deferred.ticket`` what the re-published message
+carries; the integration publishes it again after ``Deferred.countdown`` (a rate's
+``retry_after``; for a full semaphore :data:`PERMIT_BACKOFF`, or ``lock_reschedule_countdown``)
+— never running it early, never waiting in a worker slot — and counts it ``throttled``.
+
+**Debounce** (``lock_mode="debounce"``, ``lock_debounce``, ``lock_debounce_max``): publishes of one
+key within the quiet period collapse into one run with the arguments of the last one. A publish
+(:func:`gather`) writes the arguments into the key's record in one script and learns the burst's
+flight id (made by the burst's first publish, which alone sends a message, due after the quiet
+period). A delivery (:func:`begin`) reads whether the burst is due: not yet (a publish came
+since) raises :class:`Deferred` (``"debounce"``, published again for the rest of the wait); a
+record of another id or none raises :class:`Stale` (the burst was run by another message of the
+same id); due: the run takes ``key`` as a lock (busy: :class:`Deferred` ``"busy"`` — a debounced
+run is never skipped, it carries the last arguments), checks the limits, then claims the record
+(atomically: deleted, arguments taken) and runs with the claimed arguments
+(``Flight.payload``). A worker that dies before claiming loses nothing: the record stays, and
+:func:`rescue_overdue` (run by the workers) publishes its run again once it is overdue.
 
 Publish-time attempts are *quiet*: a key found busy at publish is a deduplication, reported by
 the integrations' ``task_deduplicated`` signal, not a failed acquisition in the statistics.
@@ -45,16 +74,18 @@ success rate of a task whose duplicates were folded stays at 100 %.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
-from collections.abc import Mapping
+import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from django.dispatch import Signal
 
 from django_redislock import client as redis_client
-from django_redislock import stats
+from django_redislock import debounce, stats
 from django_redislock.conf import MIN_LEASE, check_seconds, get_settings
 from django_redislock.exceptions import (
     LockBackendError,
@@ -64,6 +95,7 @@ from django_redislock.exceptions import (
 from django_redislock.lock import Lock
 from django_redislock.naming import stats_shape
 from django_redislock.operations import force_release, get_lock_info, lock_holders
+from django_redislock.ratelimit import RateLimiter, parse_rate
 from django_redislock.runtime import runtime
 from django_redislock.semaphore import Semaphore, check_permits
 from django_redislock.transport import backend_errors
@@ -71,26 +103,37 @@ from django_redislock.validation import check_name
 
 __all__ = [
     "COALESCE",
+    "DEBOUNCE",
+    "LOCK_MODES",
     "MODES",
     "ON_BUSY",
     "ON_DUPLICATE",
+    "PERMIT_BACKOFF",
     "UNTIL_EXECUTED",
     "UNTIL_EXECUTING",
     "UNTIL_EXPIRED",
     "WHILE_EXECUTING",
+    "Burst",
     "Busy",
+    "Deferred",
     "Duplicate",
     "DuplicateTaskError",
     "Flight",
     "FlightRules",
+    "Stale",
     "TaskOptionError",
     "Ticket",
     "abandon",
     "begin",
+    "cancel_burst",
     "count_outcome",
     "delay_of",
+    "drop_burst",
     "end",
+    "gather",
     "hand_over",
+    "permit_name",
+    "rescue_overdue",
     "reserve",
     "run_key",
     "run_owner",
@@ -98,6 +141,7 @@ __all__ = [
     "task_deduplicated",
     "task_rescheduled",
     "task_skipped",
+    "task_throttled",
     "unreserve",
 ]
 
@@ -108,8 +152,11 @@ UNTIL_EXECUTING = "until_executing"
 WHILE_EXECUTING = "while_executing"
 COALESCE = "coalesce"
 UNTIL_EXPIRED = "until_expired"
-#: Every ``lock_mode``, the default first.
+DEBOUNCE = "debounce"
+#: The single-flight ``lock_mode`` values, the default first.
 MODES = (UNTIL_EXECUTED, UNTIL_EXECUTING, WHILE_EXECUTING, COALESCE, UNTIL_EXPIRED)
+#: Every ``lock_mode``: the single-flight ones and ``"debounce"`` (a burst of publishes -> one run).
+LOCK_MODES = (*MODES, DEBOUNCE)
 #: Modes that take the key when a message is published (``while_executing`` does not).
 PUBLISH_MODES = (UNTIL_EXECUTED, UNTIL_EXECUTING, COALESCE, UNTIL_EXPIRED)
 #: ``lock_on_busy`` values: what a delivery whose key is busy at run time does.
@@ -118,6 +165,18 @@ ON_BUSY = ("skip", "reschedule")
 ON_DUPLICATE = ("return", "raise")
 #: Suffix of the coalesce run slot's lock name.
 RUN_SLOT_SUFFIX = ":running"
+#: Suffix of the task-wide semaphore's name (``task_permits``): ``"<task name>:permits"``.
+PERMITS_SUFFIX = ":permits"
+#: Seconds a run that found every ``task_permits`` permit taken waits in the broker before it is
+#: delivered again (unless ``lock_reschedule_countdown`` says otherwise), plus up to a quarter
+#: more at random so that the runs throttled together do not all come back at once. A permit
+#: frees when a body ends, which nothing announces: short, so a freed permit is not left idle.
+PERMIT_BACKOFF = 1.0
+#: Seconds an unclaimed debounce record outlives its due time when ``lock_queue_timeout`` is not
+#: set (its message may wait that long for a worker; the rescue keeps publishing it meanwhile).
+DEBOUNCE_KEEP = 3600.0
+#: Reasons of a :class:`Deferred` run that count as ``throttled``.
+THROTTLE_REASONS = ("lock_rate", "task_rate", "task_permits")
 
 
 # -- what the integrations report (Django signals, like :mod:`django_redislock.signals`) -----------
@@ -135,6 +194,11 @@ task_deduplicated = Signal()
 #: delivery found its key busy and, with ``lock_on_busy="reschedule"``, was published again to
 #: run in ``countdown`` seconds (Celery: same task id, not counted as a retry).
 task_rescheduled = Signal()
+#: ``task_throttled(sender=<task class>, task, task_id, key, reason, countdown)``: a delivery was
+#: over a limit (``reason``: ``"lock_rate"``, ``"task_rate"`` or ``"task_permits"``) and was
+#: published again to run in ``countdown`` seconds, without running its body (Celery: same task
+#: id, not counted as a retry; django.tasks: a new result, see ``TaskSkippedError``).
+task_throttled = Signal()
 
 
 class DuplicateTaskError(LockNotAcquiredError):
@@ -184,7 +248,7 @@ class TaskOptionError(ValueError, TypeError):
 
 @dataclass(frozen=True)
 class FlightRules:
-    """The validated single-flight options of one task: mode, leases, permits, reactions.
+    """The validated single-flight options of one task: mode, leases, permits, limits, reactions.
 
     Built once, when the task is defined (:meth:`validated`), so a bad option fails there.
     ``timeout``/``queue_timeout`` ``None`` mean ``REDISLOCK["TIMEOUT"]`` / ``timeout``, read at
@@ -202,6 +266,17 @@ class FlightRules:
     #: Statistics name of every lock of the task: its key template, else the task name
     #: (bounded, not one row per key; see :func:`stats_row`).
     stats_name: str | None = None
+    #: The task's name: names its task-wide limiter, semaphore and debounce records.
+    task: str = ""
+    #: ``lock_rate`` (per lock key) and ``task_rate`` (whole task): a rate as
+    #: :class:`~django_redislock.ratelimit.RateLimiter` takes it, or ``None``.
+    rate: Any = None
+    task_rate: Any = None
+    #: ``task_permits``: bodies of the task running at once across all keys (``None``: no cap).
+    task_permits: int | None = None
+    #: ``lock_debounce`` / ``lock_debounce_max``: quiet period and longest wait (seconds).
+    debounce: float | None = None
+    debounce_max: float | None = None
 
     @classmethod
     def validated(cls, task: str, **options: Any) -> FlightRules:
@@ -211,13 +286,14 @@ class FlightRules:
         of ``mode``, ``permits``, ``on_busy`` and ``on_duplicate``.
         """
         values = {name: value for name, value in options.items() if value is not None}
+        values.setdefault("task", task)
         rules = cls(**values)
 
         def fail(message: str) -> TaskOptionError:
             return TaskOptionError(f"{message} (task {task}).")
 
-        if rules.mode not in MODES:
-            raise fail(f"lock_mode must be one of {_choices(MODES)}, not {rules.mode!r}")
+        if not isinstance(rules.mode, str) or rules.mode not in LOCK_MODES:
+            raise fail(f"lock_mode must be one of {_choices(LOCK_MODES)}, not {rules.mode!r}")
         if rules.on_busy not in ON_BUSY:
             raise fail(
                 f"lock_on_busy must be one of {_choices(ON_BUSY)}, not {rules.on_busy!r}",
@@ -240,6 +316,8 @@ class FlightRules:
             ("lock_timeout", rules.timeout),
             ("lock_queue_timeout", rules.queue_timeout),
             ("lock_reschedule_countdown", rules.reschedule_countdown),
+            ("lock_debounce", rules.debounce),
+            ("lock_debounce_max", rules.debounce_max),
         ):
             try:
                 check_seconds(value, option, minimum=MIN_LEASE, allow_none=True)
@@ -247,11 +325,24 @@ class FlightRules:
                 raise fail(str(exc)) from None
         if rules.using is not None and (not isinstance(rules.using, str) or not rules.using):
             raise fail(f"lock_using must be a CACHES alias or None, not {rules.using!r}")
+        if rules.task_permits is not None:
+            try:
+                check_permits(rules.task_permits)
+            except (TypeError, ValueError) as exc:
+                raise fail(f"task_permits: {exc}") from None
+        for option, rate in (("lock_rate", rules.rate), ("task_rate", rules.task_rate)):
+            if rate is not None:
+                try:
+                    parse_rate(rate)
+                except (TypeError, ValueError) as exc:
+                    raise fail(f"{option}: {exc}") from None
+        _check_debounce(rules, fail)
         return rules
 
     @classmethod
     def of_task(cls, task: str, options: Any, *, stats_name: str | None) -> FlightRules:
-        """:meth:`validated` from the ``lock_*`` attributes every task face declares.
+        """:meth:`validated` from the options every task face declares (``lock_*``,
+        ``task_rate``, ``task_permits``).
 
         Celery tasks declare them as class attributes, Django tasks as dataclass fields; both
         read them here, so an option added to one face cannot be forgotten by the other.
@@ -267,6 +358,11 @@ class FlightRules:
             reschedule_countdown=options.lock_reschedule_countdown,
             using=options.lock_using,
             stats_name=stats_name,
+            rate=options.lock_rate,
+            task_rate=options.task_rate,
+            task_permits=options.task_permits,
+            debounce=options.lock_debounce,
+            debounce_max=options.lock_debounce_max,
         )
 
     @property
@@ -281,9 +377,51 @@ class FlightRules:
 
     def reschedule_delay(self) -> float:
         """Countdown of a rescheduled delivery (default: ``lock_timeout``, within which a dead
-        holder's key frees itself)."""
+        holder's key frees itself; ``debounce``: the quiet period)."""
         countdown = self.reschedule_countdown
-        return float(countdown) if countdown is not None else self.lease
+        if countdown is not None:
+            return float(countdown)
+        if self.mode == DEBOUNCE and self.debounce is not None:
+            return float(self.debounce)
+        return self.lease
+
+    def permit_backoff(self) -> float:
+        """Countdown of a run that found every task permit taken (see :data:`PERMIT_BACKOFF`)."""
+        base = self.reschedule_countdown
+        base = float(base) if base is not None else PERMIT_BACKOFF
+        return base * (1.0 + random.random() / 4)
+
+    @property
+    def debounce_keep(self) -> float:
+        """Seconds an unclaimed debounce record outlives its due time: ``lock_queue_timeout``,
+        else :data:`DEBOUNCE_KEEP` (at least the lease)."""
+        if self.queue_timeout is not None:
+            return float(self.queue_timeout)
+        return max(DEBOUNCE_KEEP, self.lease)
+
+    @property
+    def limited(self) -> bool:
+        """Some flow-control option is set."""
+        return bool(self.rate or self.task_rate or self.task_permits)
+
+
+def _check_debounce(rules: FlightRules, fail: Callable[[str], TaskOptionError]) -> None:
+    if rules.mode != DEBOUNCE:
+        if rules.debounce is not None or rules.debounce_max is not None:
+            raise fail(
+                f"lock_debounce and lock_debounce_max need lock_mode='debounce', not {rules.mode!r}"
+            )
+        return
+    if rules.debounce is None:
+        raise fail(
+            "lock_mode='debounce' needs lock_debounce=<seconds>: the quiet period after the "
+            "last publish of a burst before its run starts"
+        )
+    if rules.debounce_max is not None and rules.debounce_max < rules.debounce:
+        raise fail(
+            f"lock_debounce_max ({rules.debounce_max}) must not be shorter than lock_debounce "
+            f"({rules.debounce}): it bounds how long a burst that keeps going waits"
+        )
 
 
 def stats_row(lock_key: object, task_name: str | None) -> str | None:
@@ -353,13 +491,14 @@ def reserve(
 ) -> Ticket | Duplicate:
     """Take the publish-time hold of a message about to be published (one round trip).
 
-    Nothing to take for ``while_executing``. The hold is *detached* from this process at once:
-    the worker that runs the message owns it from now on, and this process must not renew it.
-    ``delay``: the message's countdown/eta, added to the queued lease (``until_expired``: to the
-    window, which starts when the message may run).
+    Nothing to take for ``while_executing`` (nor ``debounce``, whose publishes :func:`gather`).
+    The hold is *detached* from this process at once: the worker that runs the message owns it
+    from now on, and this process must not renew it. ``delay``: the message's countdown/eta,
+    added to the queued lease (``until_expired``: to the window, which starts when the message
+    may run).
     """
     check_name(key, "Lock key")
-    if rules.mode == WHILE_EXECUTING:
+    if rules.mode in (WHILE_EXECUTING, DEBOUNCE):
         return Ticket(key)
     lease = (
         rules.lease + max(0.0, delay) if rules.mode == UNTIL_EXPIRED else rules.queue_lease(delay)
@@ -444,6 +583,49 @@ class Busy(Exception):
         self.reason = reason
 
 
+class Deferred(Exception):
+    """A delivery must not run its body now but later: publish it again (same flight id) to run
+    in ``countdown`` seconds.
+
+    ``reason``: ``"lock_rate"``, ``"task_rate"`` or ``"task_permits"`` (over a limit:
+    :attr:`throttled`), ``"debounce"`` (its burst is not due yet: a publish came since) or
+    ``"busy"`` (debounce: its key still runs). ``ticket``: what the message published again
+    carries — :func:`begin` has already put back the holds a queued message of the mode holds —
+    or a :class:`Duplicate` (another message of the key is queued and covers this one: publish
+    nothing), or ``None`` when :func:`begin` was told not to keep anything (``requeue=False``).
+    """
+
+    def __init__(
+        self, key: str, reason: str, countdown: float, ticket: Ticket | Duplicate | None
+    ) -> None:
+        super().__init__(key, reason, countdown)
+        self.key = key
+        self.reason = reason
+        self.countdown = countdown
+        self.ticket = ticket
+
+    @property
+    def throttled(self) -> bool:
+        """Over a rate or the task's permits (counted ``throttled``, ``task_throttled``)."""
+        return self.reason in THROTTLE_REASONS
+
+
+class Stale(Exception):
+    """A debounced delivery whose burst is no longer pending: another message of the same flight
+    id claimed it (a rescue and the original both delivered), or it expired. Nothing to do."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+class _OverLimit(Exception):
+    def __init__(self, reason: str, countdown: float) -> None:
+        super().__init__(reason, countdown)
+        self.reason = reason
+        self.countdown = max(0.01, countdown)
+
+
 @dataclass
 class Flight:
     """One attempt of a flight running in this process, and the locks it holds."""
@@ -457,11 +639,24 @@ class Flight:
     #: The holds went to a message published from the body (retry / same-key replace): the end
     #: of this attempt must not release them.
     handed_over: bool = False
+    #: The permit of the task's semaphore (``task_permits``) this attempt holds.
+    permit: Semaphore | None = None
+    #: ``debounce``: the claimed arguments of the burst (JSON text as published), which the body
+    #: runs with instead of the message's.
+    payload: str | None = None
 
     @property
     def lost(self) -> bool:
-        """The run-time lock expired or was force-released while the body ran."""
+        """The run-time lock (or the task permit) expired or was force-released while the body
+        ran."""
+        if self.permit is not None and self.permit.lost:
+            return True
         return bool(self.run_lock is not None and not self.handed_over and self.run_lock.lost)
+
+
+def permit_name(rules: FlightRules) -> str:
+    """Name of the task-wide semaphore of ``task_permits``."""
+    return rules.task + PERMITS_SUFFIX
 
 
 def _run_options(rules: FlightRules, owner: str, flight_id: str) -> dict[str, Any]:
@@ -526,14 +721,43 @@ def _enter_key(rules: FlightRules, flight: Flight, ticket: Ticket | None) -> Loc
 
 
 def begin(
-    rules: FlightRules, key: str, flight_id: str, ticket: Ticket | None, *, attempt: int = 0
+    rules: FlightRules,
+    key: str,
+    flight_id: str,
+    ticket: Ticket | None,
+    *,
+    attempt: int = 0,
+    requeue: bool = True,
 ) -> Flight:
-    """Start one attempt of a flight (what the worker does before the body); see the module table.
+    """Start one attempt of a flight (what the worker does before the body); see the module
+    docstring.
 
     ``ticket``: what the message carries (``None``: unknown). Raises :class:`Busy` when the body
-    must not run now. A coalesce follow-up whose predecessor still runs *waits* here for its run
-    slot (woken by the release), unless ``on_busy="reschedule"``.
+    must not run now, :class:`Deferred` when it must run later (over a limit; debounce: not due,
+    or its key runs), :class:`Stale` for a debounced delivery whose burst is gone. A coalesce
+    follow-up whose predecessor still runs *waits* here for its run slot (woken by the release),
+    unless ``on_busy="reschedule"``. ``requeue``: on :class:`Deferred`, put back what a queued
+    message of this flight holds (the integration publishes the same flight id again); False:
+    give back everything (it enqueues a new flight instead).
     """
+    if rules.mode == DEBOUNCE:
+        return _begin_debounced(rules, key, flight_id, ticket, attempt)
+    flight = _enter_mode(rules, key, flight_id, ticket, attempt)
+    try:
+        _take_limits(flight)
+    except _OverLimit as over:
+        kept = _put_back(flight, ticket, over.countdown, requeue)
+        raise Deferred(key, over.reason, over.countdown, kept) from None
+    except BaseException:
+        end(flight)
+        raise
+    return flight
+
+
+def _enter_mode(
+    rules: FlightRules, key: str, flight_id: str, ticket: Ticket | None, attempt: int
+) -> Flight:
+    """The mode's run-time step of :func:`begin` (the table in the module docstring)."""
     flight = Flight(rules, key, flight_id, attempt)
     mode = rules.mode
     if mode == UNTIL_EXECUTED:
@@ -571,6 +795,134 @@ def begin(
             holder = _lock_holder(rules, key)
         if holder is not None and holder.owner != flight_id:
             raise Busy(key, holder.task_id, "busy")
+    return flight
+
+
+def _take_limits(flight: Flight) -> None:
+    """The flow-control step of :func:`begin`: per-key rate, task rate, task permit (in that
+    order: a key over its own rate spends none of the task's). Raises :class:`_OverLimit`."""
+    rules = flight.rules
+    if rules.rate is not None:
+        decision = RateLimiter(flight.key, rules.rate, using=rules.using).try_acquire()
+        if not decision.allowed:
+            raise _OverLimit("lock_rate", decision.retry_after)
+    if rules.task_rate is not None:
+        decision = RateLimiter(rules.task, rules.task_rate, using=rules.using).try_acquire()
+        if not decision.allowed:
+            raise _OverLimit("task_rate", decision.retry_after)
+    if rules.task_permits is not None:
+        owner = run_owner(flight.flight_id, flight.attempt)
+        options = {**_run_options(rules, owner, flight.flight_id), "stats_name": None}
+        permit = Semaphore(permit_name(rules), rules.task_permits, **options)
+        if not permit.acquire(blocking=False):
+            raise _OverLimit("task_permits", rules.permit_backoff())
+        flight.permit = permit
+
+
+def _put_back(
+    flight: Flight, ticket: Ticket | None, delay: float, requeue: bool
+) -> Ticket | Duplicate | None:
+    """Undo the mode's run-time step of a flight that will not run now: what its message,
+    published again to run in ``delay`` seconds, holds and carries (see :class:`Deferred`)."""
+    rules, key, flight_id, attempt = flight.rules, flight.key, flight.flight_id, flight.attempt
+    mode = rules.mode
+    if not requeue:
+        end(flight)
+        if mode in PUBLISH_MODES:  # every hold of the flight id, the until_expired window too
+            _release_quietly(Lock(key, owner=flight_id, using=rules.using), all_holds=True)
+        return None
+    if mode == UNTIL_EXECUTED and isinstance(flight.run_lock, Lock):
+        # Give the run's re-entry back (the watchdog must not renew the queued lease below);
+        # the publish hold stays the message's, with a queued lease again.
+        lock = flight.run_lock
+        flight.handed_over = True
+        _release_quietly(lock)
+        lock.detach()
+        if ticket is not None and ticket.holds:
+            try:
+                _publish_lock(rules, key, flight_id, rules.queue_lease(delay)).renew()
+            except LockNotOwnedError:
+                pass  # lost meanwhile: take it anew below
+            else:
+                return Ticket(key, ticket.token, ticket.holds, attempt)
+        return _with_attempt(reserve(rules, key, flight_id, delay=delay), attempt)
+    end(flight)
+    if mode in (UNTIL_EXECUTING, COALESCE):
+        # Their queued hold was given back at run start: a message queued again takes it anew
+        # (another one queued meanwhile covers this one).
+        return _with_attempt(reserve(rules, key, flight_id, delay=delay), attempt)
+    if mode == UNTIL_EXPIRED:
+        # The window, from when the message may run again (a window lost meanwhile is retaken at
+        # the next run start, if free).
+        with contextlib.suppress(LockNotOwnedError):
+            _publish_lock(rules, key, flight_id, rules.lease + delay).renew()
+    if mode == DEBOUNCE:
+        debounce.postpone(
+            rules.using, rules.task, key, flight_id, delay=delay, keep=rules.debounce_keep
+        )
+    return Ticket(key, None, 0, attempt)
+
+
+def _with_attempt(outcome: Ticket | Duplicate, attempt: int) -> Ticket | Duplicate:
+    if isinstance(outcome, Ticket):
+        return Ticket(outcome.key, outcome.token, outcome.holds, attempt)
+    return outcome
+
+
+def _begin_debounced(
+    rules: FlightRules, key: str, flight_id: str, ticket: Ticket | None, attempt: int
+) -> Flight:
+    """:func:`begin` of ``lock_mode="debounce"``: wait for the burst's due time, take ``key``
+    (a lock: one run per key at a time), the limits, then claim the burst's arguments.
+
+    A later attempt (``retry()``, a replacement: ``attempt > 0``) of a run that claimed its burst
+    runs with its message's arguments, under the key's lock."""
+    quiet, most = float(rules.debounce or 0.0), rules.debounce_max
+    here = Ticket(key, None, 0, attempt)
+    if attempt == 0:
+        wait = debounce.peek(rules.using, rules.task, key, flight_id, quiet=quiet, most=most)
+        if wait is None:
+            raise Stale(key)
+        if wait > 0:
+            raise Deferred(key, "debounce", wait, here)
+    flight = Flight(rules, key, flight_id, attempt)
+    try:
+        flight.run_lock = _take_run_lock(rules, key, flight_id, attempt)
+    except Busy as busy:
+        if busy.reason == "already-running":
+            raise
+        countdown = rules.reschedule_delay()
+        if attempt == 0:
+            debounce.postpone(
+                rules.using, rules.task, key, flight_id, delay=countdown, keep=rules.debounce_keep
+            )
+        raise Deferred(key, "busy", countdown, here) from None
+    try:
+        _take_limits(flight)
+        if attempt > 0:
+            return flight
+        claimed = debounce.claim(rules.using, rules.task, key, flight_id, quiet=quiet, most=most)
+    except _OverLimit as over:
+        end(flight)
+        if attempt == 0:
+            debounce.postpone(
+                rules.using,
+                rules.task,
+                key,
+                flight_id,
+                delay=over.countdown,
+                keep=rules.debounce_keep,
+            )
+        raise Deferred(key, over.reason, over.countdown, here) from None
+    except BaseException:
+        end(flight)
+        raise
+    if not isinstance(claimed, str):
+        end(flight)
+        if claimed is None:
+            raise Stale(key)
+        raise Deferred(key, "debounce", claimed, here)
+    flight.payload = claimed
     return flight
 
 
@@ -614,6 +966,7 @@ def end(flight: Flight) -> bool:
     Returns False when the run-time lock was no longer held (expired or force-released while
     the body ran); a Redis error is logged, and the lease frees the key.
     """
+    _release_permit(flight)
     lock = flight.run_lock
     if flight.handed_over or lock is None:
         return True
@@ -637,6 +990,31 @@ def end(flight: Flight) -> bool:
             lock.name,
         )
     return released
+
+
+def _release_permit(flight: Flight) -> None:
+    """Give back the attempt's task permit (``task_permits``), once."""
+    permit, flight.permit = flight.permit, None
+    if permit is None:
+        return
+    try:
+        released = _release_quietly(permit)
+    except LockBackendError:
+        logger.warning(
+            "Task %s could not give back its permit of %r; it frees itself within %ss.",
+            flight.flight_id,
+            permit.name,
+            flight.rules.lease,
+            exc_info=True,
+        )
+        return
+    if not released:
+        logger.error(
+            "Task %s ended without holding its permit of %r: it expired or was force-released "
+            "while the task ran, so more than task_permits bodies may have run at once.",
+            flight.flight_id,
+            permit.name,
+        )
 
 
 def hand_over(flight: Flight, *, delay: float = 0.0) -> Ticket:
@@ -681,26 +1059,86 @@ def hand_over(flight: Flight, *, delay: float = 0.0) -> Ticket:
 
 def abandon(rules: FlightRules, key: str, flight_id: str, *, attempt: int = 0) -> bool:
     """Free what a flight holds when the process that ran it cannot (it died, or the message was
-    revoked/expired before it started). ``until_expired`` keeps its window whatever happens.
-    Returns whether something was released."""
-    if rules.mode == UNTIL_EXPIRED:
-        return False
+    revoked/expired before it started): its run-time lock, its task permit, its publish-time
+    hold. ``until_expired`` keeps its window whatever happens; a debounced burst that was not
+    claimed stays pending (its run is published again by the rescue, see :func:`cancel_burst`
+    for a revoke). Returns whether something was released."""
     released = False
+    owner = run_owner(flight_id, attempt)
+    if rules.task_permits is not None:
+        released |= _free_permits(permit_name(rules), owner, rules.using)
+    if rules.mode == UNTIL_EXPIRED:
+        return released
     if rules.mode in PUBLISH_MODES:
         released |= _release_quietly(Lock(key, owner=flight_id, using=rules.using), all_holds=True)
     if rules.mode == COALESCE:
-        slot = Lock(run_key(key), owner=run_owner(flight_id, attempt), using=rules.using)
+        slot = Lock(run_key(key), owner=owner, using=rules.using)
         released |= _release_quietly(slot, all_holds=True)
-    elif rules.mode == WHILE_EXECUTING:
-        owner = run_owner(flight_id, attempt)
+    elif rules.mode in (WHILE_EXECUTING, DEBOUNCE):
         if rules.permits > 1:
-            # Another process took the permit: its token is in the holders' records.
-            for info in lock_holders(key, using=rules.using):
-                if info.kind == "semaphore" and info.owner == owner:
-                    released |= force_release(key, token=info.fencing_token, using=rules.using)
+            released |= _free_permits(key, owner, rules.using)
         else:
             released |= _release_quietly(Lock(key, owner=owner, using=rules.using), all_holds=True)
     return released
+
+
+def _free_permits(name: str, owner: str, using: str | None) -> bool:
+    """Force-release the permits of semaphore ``name`` that ``owner`` holds (taken by another
+    process: their tokens are in the holders' records)."""
+    released = False
+    for info in lock_holders(name, using=using):
+        if info.kind == "semaphore" and info.owner == owner:
+            released |= force_release(name, token=info.fencing_token, using=using)
+    return released
+
+
+# -- debounce: publish and rescue ------------------------------------------------------------
+Burst = debounce.Burst
+
+
+def gather(
+    rules: FlightRules, key: str, candidate: str, payload: str, *, route: str = "{}"
+) -> Burst:
+    """A publish of a debounced task: join the pending burst of ``key`` with ``payload`` (the
+    call's arguments as JSON text), or start one whose run will have the flight id
+    ``candidate``. ``Burst.first``: this publish started it and sends its message, to run in
+    ``Burst.delay`` seconds; later publishes of the burst send nothing and return its id.
+    ``route``: JSON text the rescue needs to send the run where the first publish sent it."""
+    check_name(key, "Lock key")
+    return debounce.gather(
+        rules.using,
+        rules.task,
+        key,
+        candidate,
+        payload,
+        quiet=float(rules.debounce or 0.0),
+        most=rules.debounce_max,
+        keep=rules.debounce_keep,
+        route=route,
+    )
+
+
+def drop_burst(rules: FlightRules, key: str, flight_id: str) -> bool:
+    """The first publish of burst ``flight_id`` could not send its message: forget the burst
+    unless another publish joined it meanwhile (then the rescue publishes it)."""
+    return debounce.drop(rules.using, rules.task, key, flight_id)
+
+
+def cancel_burst(rules: FlightRules, key: str, flight_id: str) -> bool:
+    """Burst ``flight_id`` was revoked: forget it, so that no rescue publishes it again."""
+    return debounce.drop(rules.using, rules.task, key, flight_id, always=True)
+
+
+def rescue_overdue(rules: FlightRules, *, grace: float, limit: int = 100) -> list[debounce.Rescue]:
+    """The task's bursts whose run was due more than ``grace`` seconds ago and never claimed
+    (their message was lost with a worker), each taken for this caller to publish again (for
+    ``grace`` seconds: one rescuer at a time, and the original message may still come)."""
+    found = []
+    for key in debounce.overdue(rules.using, rules.task, grace=grace, limit=limit):
+        rescued = debounce.rescue(rules.using, rules.task, key, grace=grace)
+        if rescued is not None:
+            found.append(rescued)
+    return found
 
 
 def delay_of(options: Mapping[str, Any]) -> float:

@@ -32,7 +32,9 @@ long version; every mode's publish/run start/run end is tabled in
 
 Other modes: ``"until_executing"`` (released at run start), ``"while_executing"`` (nothing at
 publish; a lock, or a semaphore of ``lock_permits``, while the body runs), ``"coalesce"`` (one
-running + one queued follow-up) and ``"until_expired"`` (held ``lock_timeout`` from publish).
+running + one queued follow-up) and ``"until_expired"`` (held ``lock_timeout`` from publish);
+``"debounce"`` collapses a burst of publishes into one run with the last arguments. Flow control
+(``lock_rate``, ``task_rate``, ``task_permits``) re-publishes a run over a limit for later.
 
 Modules: :mod:`.keys` (task lock keys), :mod:`.task` (publish and run), :mod:`.worker` (the worker
 main process), :mod:`.runs` (attempts running in this process), :mod:`.headers` (what travels in
@@ -41,7 +43,12 @@ connects), :mod:`.exceptions`.
 """
 
 from django_redislock.celery.exceptions import DuplicateTaskError
-from django_redislock.celery.signals import task_deduplicated, task_rescheduled, task_skipped
+from django_redislock.celery.signals import (
+    task_deduplicated,
+    task_rescheduled,
+    task_skipped,
+    task_throttled,
+)
 from django_redislock.celery.task import SKIPPED, SingleFlightTask
 from django_redislock.celery.worker import SingleFlightRequest
 from django_redislock.naming import argument_digest
@@ -58,4 +65,5 @@ __all__ = [
     "task_deduplicated",
     "task_rescheduled",
     "task_skipped",
+    "task_throttled",
 ]

@@ -10,7 +10,14 @@ import threading
 from collections import Counter
 
 from celery import current_task
-from celery.signals import task_postrun, task_prerun, task_revoked, worker_init
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    task_revoked,
+    worker_init,
+    worker_ready,
+    worker_shutdown,
+)
 
 from django_redislock import signals as lock_signals
 from django_redislock.celery import periodic, runs, worker
@@ -70,6 +77,12 @@ def connect() -> None:
     )
     worker_init.connect(
         worker.check_pool, weak=False, dispatch_uid="django_redislock.celery.check_pool"
+    )
+    worker_ready.connect(
+        worker.start_rescuer, weak=False, dispatch_uid="django_redislock.celery.rescuer"
+    )
+    worker_shutdown.connect(
+        worker.stop_rescuer, weak=False, dispatch_uid="django_redislock.celery.rescuer_stop"
     )
     # Single flight chosen per schedule entry by a message header (no task code changes).
     periodic.connect()

@@ -17,11 +17,16 @@ re-published (an eager re-publish runs at once, finding the key as busy as befor
 - a delivery that would wait for, or be rescheduled behind, a run of its key up its own thread
   (a coalesce follow-up published from the body, ``lock_on_busy="reschedule"``) runs right after
   that run ended, in the same thread; the call that published it gets its ``AsyncResult``;
-- ``lock_on_busy="reschedule"`` behind any other holder is skipped.
+- ``lock_on_busy="reschedule"`` behind any other holder is skipped;
+- a run over a flow-control limit (``lock_rate``, ``task_rate``, ``task_permits``) is skipped
+  (reason ``"lock_rate"`` ...): nothing may wait, and it must not run early;
+- ``lock_mode="debounce"`` runs every publish at once (no quiet period), under the key's lock.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
@@ -30,14 +35,30 @@ from celery.contrib.django.task import DjangoTask
 from celery.exceptions import Ignore, Retry
 from celery.result import EagerResult
 from celery.utils import uuid as celery_uuid
+from kombu.utils.json import dumps as json_dumps
+from kombu.utils.json import loads as json_loads
 
 from django_redislock import singleflight
 from django_redislock.celery import runs
 from django_redislock.celery.exceptions import DuplicateTaskError
 from django_redislock.celery.headers import HEADER_KEY, headers_of, ticket_headers, ticket_of
 from django_redislock.celery.keys import KeyFunction, key_function
-from django_redislock.celery.signals import task_deduplicated, task_rescheduled, task_skipped
-from django_redislock.singleflight import Busy, Duplicate, FlightRules, Ticket, delay_of, stats_row
+from django_redislock.celery.signals import (
+    task_deduplicated,
+    task_rescheduled,
+    task_skipped,
+    task_throttled,
+)
+from django_redislock.singleflight import (
+    Busy,
+    Deferred,
+    Duplicate,
+    FlightRules,
+    Stale,
+    Ticket,
+    delay_of,
+    stats_row,
+)
 
 __all__ = ["SKIPPED", "SingleFlightTask"]
 
@@ -47,6 +68,8 @@ logger = logging.getLogger("django_redislock.celery")
 SKIPPED = "SKIPPED"
 
 _RUN_ATTR = "_redislock_run"
+#: Publish options a debounced burst keeps from its first publish, for a rescue of its run.
+_ROUTE_OPTIONS = ("queue", "routing_key", "exchange", "priority")
 
 
 class _Skipped(Ignore):
@@ -92,6 +115,32 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
       belongs to a chain, group or chord, or was given its own ``task_id`` always raises: returning
       another task's result would silently drop its callbacks or leave its id pending for ever.
     - ``lock_using``: ``CACHES`` alias holding the locks (default: ``REDISLOCK["CACHE"]``).
+
+    Flow control (every worker shares the limits; see :mod:`django_redislock.singleflight`):
+
+    - ``lock_rate``: at most this rate of runs per lock key (``"10/m"``, ``"N/s|m|h|d"`` or a
+      ``(count, seconds)`` tuple, as :class:`~django_redislock.RateLimiter` takes it);
+      ``task_rate``: at most this rate of runs of the task, all keys together.
+    - ``task_permits``: at most this many bodies of the task running at once, all keys together
+      (with ``lock_permits``, a per-key and a global cap at once). A permit is leased like a
+      lock and renewed while the body runs: a SIGKILLed worker's comes back within
+      ``lock_timeout``, or at once when only its pool child died.
+    - A run over a limit is never executed early and never waits in a worker slot: it is
+      published again (same task id, state ``RETRY``, not counted against ``max_retries``) to
+      run after the limiter's ``retry_after`` (full permits: about a second, or
+      ``lock_reschedule_countdown``), counted ``throttled`` and reported by ``task_throttled``.
+
+    Debounce (``lock_mode="debounce"``):
+
+    - ``lock_debounce``: quiet period in seconds (required in that mode); ``lock_debounce_max``:
+      longest wait after the first publish of a burst (optional). Publishes of one key within
+      the quiet period collapse into one run with the arguments of the *last* publish (stored
+      as JSON: they must be JSON-serialisable), started once no publish came for
+      ``lock_debounce`` seconds, at the latest ``lock_debounce_max`` after the first. Every
+      publish of a burst returns the ``AsyncResult`` of the run's id. The run holds the key as a
+      lock; a due run whose key still runs waits in the broker (``lock_on_busy`` is not used).
+      A worker that dies before the run claimed its burst loses nothing: a worker publishes the
+      run again once it is overdue (see :mod:`django_redislock.celery.worker`).
     """
 
     # Celery imports the worker-side request class by this path (the public one, not .worker's).
@@ -106,6 +155,11 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
     lock_queue_timeout: float | None = None
     lock_on_duplicate: str = "return"
     lock_using: str | None = None
+    lock_rate: str | tuple[int, float] | None = None
+    task_rate: str | tuple[int, float] | None = None
+    task_permits: int | None = None
+    lock_debounce: float | None = None
+    lock_debounce_max: float | None = None
 
     _lock_name_of: KeyFunction | None = None
     _flight_rules: FlightRules = FlightRules()
@@ -158,6 +212,8 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         run = runs.find(task_id, key)
         if run is not None and not run.handed_over:
             return self._publish_next_attempt(run, args, kwargs, publish, options)
+        if rules.mode == singleflight.DEBOUNCE and not self.app.conf.task_always_eager:
+            return self._debounce(key, args, kwargs, task_id, publish, options)
         explicit_id = task_id is not None
         task_id = task_id or celery_uuid()
         outcome = singleflight.reserve(rules, key, task_id, delay=delay_of(options))
@@ -221,6 +277,73 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
                 singleflight.unreserve(self.flight_rules, ticket, flight.flight_id)
             raise
 
+    def _debounce(
+        self,
+        key: str,
+        args: Any,
+        kwargs: Any,
+        task_id: str | None,
+        publish: Mapping[str, Any],
+        options: dict[str, Any],
+    ) -> Any:
+        """A publish of a debounced task: join its key's burst, or start one and send its
+        message (due after the quiet period; its own countdown/eta are not used).
+
+        A publish that joins a burst returns the burst's ``AsyncResult``; one that carries
+        callbacks or belongs to a canvas, or was given another ``task_id``, raises
+        :class:`DuplicateTaskError` instead (as a duplicate does)."""
+        rules = self.flight_rules
+        try:
+            payload = json_dumps({"args": list(args or ()), "kwargs": dict(kwargs or {})})
+        except TypeError as exc:
+            raise TypeError(
+                f"{self.name}: the arguments of a debounced task are kept as JSON until its run, "
+                f"and these are not JSON-serialisable: {exc}"
+            ) from exc
+        route = {
+            name: value
+            for name, value in options.items()
+            if name in _ROUTE_OPTIONS and isinstance(value, (str, int)) and value is not True
+        }
+        candidate = task_id or celery_uuid()
+        burst = singleflight.gather(rules, key, candidate, payload, route=json.dumps(route))
+        if not burst.first:
+            in_canvas = _in_canvas(publish, options)
+            must_raise = in_canvas or (task_id is not None and task_id != burst.flight_id)
+            singleflight.count_outcome(rules, key, "deduplicated")
+            task_deduplicated.send_robust(
+                type(self),
+                task=self,
+                key=key,
+                existing_task_id=burst.flight_id,
+                raised=must_raise,
+            )
+            if must_raise:
+                raise DuplicateTaskError(burst.flight_id, key)
+            return self.AsyncResult(burst.flight_id)
+        options.pop("eta", None)
+        options["countdown"] = burst.delay
+        try:
+            return self._publish(Ticket(key), args, kwargs, burst.flight_id, publish, options)
+        except BaseException:
+            singleflight.drop_burst(rules, key, burst.flight_id)
+            raise
+
+    def send_rescued(self, rescued: Any) -> Any:
+        """Publish again the run of a debounced burst whose message was lost (a worker died
+        before the run claimed it): same id, the burst's latest arguments, where its first
+        publish sent it. Called by the workers' rescuer (:mod:`.worker`)."""
+        call = json_loads(rescued.payload)
+        route = json.loads(rescued.route or "{}")
+        headers = ticket_headers(Ticket(rescued.key), self.lock_using)
+        return super().apply_async(
+            call.get("args") or (),
+            call.get("kwargs") or {},
+            task_id=rescued.flight_id,
+            headers=headers,
+            **route,
+        )
+
     def _duplicate(
         self,
         duplicate: Duplicate,
@@ -231,13 +354,7 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         options: Mapping[str, Any],
     ) -> Any:
         key, existing = duplicate.key, duplicate.holder
-        in_canvas = bool(
-            publish.get("link")
-            or publish.get("link_error")
-            or options.get("chain")
-            or options.get("chord")
-            or options.get("group_id")
-        )
+        in_canvas = _in_canvas(publish, options)
         must_raise = (
             self.lock_on_duplicate == "raise"
             or in_canvas
@@ -308,6 +425,11 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         if eager:
             runs.eager_run_begins(str(request.id))
         run = runs.Run(self.name, self._begin(request, args, kwargs))
+        if run.flight.payload is not None:
+            # Debounce: the body runs with the burst's last arguments; a retry() from it too.
+            claimed = json_loads(run.flight.payload)
+            args, kwargs = tuple(claimed.get("args") or ()), dict(claimed.get("kwargs") or {})
+            request.args, request.kwargs = list(args), kwargs
         runs.add(run)
         if eager:
             runs.push_eager(run)
@@ -336,10 +458,31 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
                 # A follow-up published from the body of the run it would wait for: that run
                 # cannot end while we wait in its own thread. Run once it ended, as a worker would.
                 self._defer_behind(running, self.signature_from_request(request, args, kwargs))
+        rules = self.flight_rules
+        if request.is_eager and rules.mode == singleflight.DEBOUNCE:
+            # Nothing may wait in eager mode: each publish runs at once, under the key's lock.
+            rules = dataclasses.replace(
+                rules, mode=singleflight.WHILE_EXECUTING, debounce=None, debounce_max=None
+            )
         try:
             return singleflight.begin(
-                self.flight_rules, key, request.id, ticket, attempt=ticket.attempt
+                rules,
+                key,
+                request.id,
+                ticket,
+                attempt=ticket.attempt,
+                requeue=not request.is_eager,
             )
+        except Deferred as deferred:
+            self._defer(request, args, kwargs, deferred)
+        except Stale:
+            logger.info(
+                "Task %s[%s]: its debounced burst (lock %r) already ran or expired; nothing to do.",
+                self.name,
+                request.id,
+                key,
+            )
+            raise Ignore() from None
         except Busy as busy:
             if self.lock_on_busy == "reschedule" and busy.reason != "already-running":
                 self._reschedule(request, args, kwargs, busy, ticket)
@@ -400,6 +543,65 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         when: Any = countdown  # celery-types wants numbers.Real, which mypy cannot match a float to
         raise Retry(f"lock {busy.key!r} is busy: rescheduled", when=when, sig=sig)
 
+    def _defer(self, request: Any, args: Any, kwargs: Any, deferred: Deferred) -> NoReturn:
+        """Publish this delivery again to run in ``deferred.countdown`` seconds (same task id,
+        same ``retries``: not counted against ``max_retries``), carrying the holds
+        :func:`singleflight.begin` put back for it. A run over a limit is counted
+        ``throttled`` and reported by ``task_throttled``.
+
+        Eager: skipped (reason: the limit; an eager re-publish would run at once)."""
+        rules, key = self.flight_rules, deferred.key
+        carried = deferred.ticket
+        if request.is_eager or carried is None:
+            if deferred.throttled:
+                singleflight.count_outcome(rules, key, "throttled")
+            self._skip(key, None, deferred.reason)
+        if isinstance(carried, Duplicate):  # another message of the key is queued: it covers us
+            self._skip(key, carried.holder, "queued")
+        countdown = deferred.countdown
+        sig = self.signature_from_request(request, args, kwargs, countdown=countdown)
+        options = dict(sig.options)
+        options["headers"] = {
+            **dict(options.get("headers") or {}),
+            **ticket_headers(carried, self.lock_using),
+        }
+        try:
+            super().apply_async(sig.args, sig.kwargs, **options)
+        except BaseException:
+            singleflight.unreserve(rules, carried, request.id)
+            raise
+        if deferred.throttled:
+            logger.info(
+                "Task %s[%s] throttled (%s, lock %r): published again to run in %.3gs.",
+                self.name,
+                request.id,
+                deferred.reason,
+                key,
+                countdown,
+            )
+            singleflight.count_outcome(rules, key, "throttled")
+            task_throttled.send_robust(
+                type(self),
+                task=self,
+                task_id=request.id,
+                key=key,
+                reason=deferred.reason,
+                countdown=countdown,
+            )
+        else:
+            logger.debug(
+                "Task %s[%s] (debounced, lock %r) runs in %.3gs (%s).",
+                self.name,
+                request.id,
+                key,
+                countdown,
+                deferred.reason,
+            )
+        when: Any = countdown  # celery-types wants numbers.Real (see _reschedule)
+        raise Retry(
+            f"lock {key!r}: {deferred.reason}, runs in {countdown:.3g}s", when=when, sig=sig
+        )
+
     def _defer_behind(self, running: runs.Run, sig: Any, busy: Busy | None = None) -> NoReturn:
         """Eager: run ``sig`` in this thread once ``running`` ended; end this delivery now."""
         running.deferred.append(sig.apply)
@@ -450,3 +652,14 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         skipped = _Skipped(f"skipped: lock {key!r} is held by {holder or 'another holder'}")
         skipped.meta = meta
         raise skipped
+
+
+def _in_canvas(publish: Mapping[str, Any], options: Mapping[str, Any]) -> bool:
+    """The publish carries callbacks or belongs to a chain, group or chord."""
+    return bool(
+        publish.get("link")
+        or publish.get("link_error")
+        or options.get("chain")
+        or options.get("chord")
+        or options.get("group_id")
+    )

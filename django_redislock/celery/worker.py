@@ -1,10 +1,20 @@
-"""The worker main process's part: free the key of a task whose pool child cannot; check the pool.
+"""The worker main process's part: free the key of a task whose pool child cannot; check the pool;
+rescue debounced runs whose message was lost.
 
-A body releases its own key when it ends. It cannot when its pool child dies (SIGKILL, OOM), is
-terminated (``revoke(terminate=True)``, hard time limit), or when the message never reaches a
-child (revoked or expired before it started): the worker's main process releases it then, as
-the task's mode says (:func:`django_redislock.singleflight.abandon`; ``until_expired`` keeps its
-window whatever happens).
+A body releases its own key (and its task permit) when it ends. It cannot when its pool child
+dies (SIGKILL, OOM), is terminated (``revoke(terminate=True)``, hard time limit), or when the
+message never reaches a child (revoked or expired before it started): the worker's main process
+releases it then, as the task's mode says (:func:`django_redislock.singleflight.abandon`;
+``until_expired`` keeps its window whatever happens). A revoked debounced burst is forgotten.
+
+A debounced burst (``lock_mode="debounce"``) keeps its arguments in Redis until its run claims
+them, and its message waits in a worker (a countdown): a worker SIGKILLed meanwhile takes the
+message with it (the Redis broker gives it back only after its visibility timeout, an hour by
+default). So every worker's main process looks, every :data:`RESCUE_INTERVAL` seconds, for runs
+of its debounced tasks that were due more than :data:`RESCUE_GRACE` seconds ago and never
+claimed, and publishes them again with the same id (:class:`DebounceRescuer`). A rescue that
+races the original message costs nothing: the first delivery claims the burst, the other finds
+it gone and ends without a state.
 
 At start-up (``worker_init``) a greenlet pool on which concurrent tasks would share one lock
 owner is refused (:func:`check_pool`).
@@ -14,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
 from typing import Any
 
 from billiard.exceptions import Terminated
@@ -26,11 +37,16 @@ from django_redislock.celery.task import SingleFlightTask
 from django_redislock.exceptions import LockBackendError
 
 __all__ = [
+    "RESCUE_GRACE",
+    "RESCUE_INTERVAL",
+    "DebounceRescuer",
     "SingleFlightRequest",
     "UnsupportedPoolError",
     "check_pool",
     "on_task_revoked",
     "release_for_request",
+    "start_rescuer",
+    "stop_rescuer",
 ]
 
 logger = logging.getLogger("django_redislock.celery")
@@ -97,16 +113,124 @@ class SingleFlightRequest(Request):
 
 def on_task_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
     """``task_revoked`` receiver: a revoked, expired or terminated message will not run: free its
-    key now."""
+    key now (and forget its debounced burst, which no rescue must publish again)."""
     if request is None:
         return
-    release_for_request(
-        sender,
-        getattr(request, "id", None),
-        request,
-        getattr(request, "args", None),
-        getattr(request, "kwargs", None),
-    )
+    task_id = getattr(request, "id", None)
+    args, kwargs_ = getattr(request, "args", None), getattr(request, "kwargs", None)
+    release_for_request(sender, task_id, request, args, kwargs_)
+    if (
+        isinstance(sender, SingleFlightTask)
+        and task_id
+        and sender.flight_rules.mode == singleflight.DEBOUNCE
+    ):
+        try:
+            key = headers_of(request).get(HEADER_KEY) or sender.lock_name(args, kwargs_)
+            singleflight.cancel_burst(sender.flight_rules, key, task_id)
+        except Exception:
+            logger.warning(
+                "Could not forget the debounced burst of revoked %s[%s]; it runs when rescued.",
+                sender.name,
+                task_id,
+                exc_info=True,
+            )
+
+
+# -- debounced runs lost with a worker ----------------------------------------------------------
+#: Seconds between two looks for overdue debounced runs, in each worker's main process.
+RESCUE_INTERVAL = 1.0
+#: A debounced run counts as lost once it was due longer ago than this, unclaimed; it is then
+#: published again (and again every as long, until one delivery claims it). A message that is
+#: merely late (every pool slot busy) then has a twin, which ends as a no-op.
+RESCUE_GRACE = 5.0
+
+
+class DebounceRescuer:
+    """A daemon thread of a worker's main process that publishes again the overdue runs of the
+    app's debounced tasks (see the module docstring)."""
+
+    def __init__(self, app: Any, *, interval: float = RESCUE_INTERVAL, grace: float = RESCUE_GRACE):
+        self.app = app
+        self.interval = interval
+        self.grace = grace
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def tasks(self) -> list[SingleFlightTask]:
+        """The app's debounced tasks."""
+        return [
+            task
+            for task in list(self.app.tasks.values())
+            if isinstance(task, SingleFlightTask)
+            and task.flight_rules.mode == singleflight.DEBOUNCE
+        ]
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._loop, name="redislock-debounce-rescuer", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.sweep()
+            except Exception:  # keep looking: Redis or the broker may be back next time
+                logger.warning("Looking for lost debounced runs failed.", exc_info=True)
+
+    def sweep(self) -> int:
+        """Publish every overdue run once; returns how many were published."""
+        published = 0
+        for task in self.tasks():
+            try:
+                found = singleflight.rescue_overdue(task.flight_rules, grace=self.grace)
+            except LockBackendError:
+                logger.warning("Cannot look for lost runs of %s.", task.name, exc_info=True)
+                continue
+            for rescued in found:
+                task.send_rescued(rescued)
+                published += 1
+                logger.warning(
+                    "Debounced run %s[%s] (lock %r) was due and never claimed (its message was "
+                    "lost with a worker?): published again.",
+                    task.name,
+                    rescued.flight_id,
+                    rescued.key,
+                )
+        return published
+
+
+_rescuers: dict[int, DebounceRescuer] = {}
+_rescuers_mutex = threading.Lock()
+
+
+def start_rescuer(sender: Any = None, **kwargs: Any) -> None:
+    """``worker_ready`` receiver: start this worker's rescuer if its app has debounced tasks."""
+    app = getattr(sender, "app", None)
+    if app is None:
+        return
+    with _rescuers_mutex:
+        if id(app) in _rescuers:
+            return
+        rescuer = DebounceRescuer(app)
+        if not rescuer.tasks():
+            return
+        _rescuers[id(app)] = rescuer
+    rescuer.start()
+
+
+def stop_rescuer(sender: Any = None, **kwargs: Any) -> None:
+    """``worker_shutdown`` receiver: stop the rescuers of this process."""
+    with _rescuers_mutex:
+        stopping = list(_rescuers.values())
+        _rescuers.clear()
+    for rescuer in stopping:
+        rescuer.stop()
 
 
 # -- pools -----------------------------------------------------------------------------------------

@@ -352,3 +352,121 @@ def plain_lock_holder(self: Any, name: str) -> dict[str, Any]:
         info = get_lock_info(name)
         assert info is not None
         return {"task_id": info.task_id, "request_id": self.request.id}
+
+
+# -- flow control and debounce (tests/test_celery_flow.py) -------------------------------------
+#: lock_rate: at most 5 runs a second per key (GCRA, burst 1: one every 0.2 s).
+FLOW_LOCK_RATE = (5, 1.0)
+#: task_rate: at most 4 runs a second of the task, every key together.
+FLOW_TASK_RATE = "4/s"
+
+
+@contextmanager
+def counted(counter: str) -> Iterator[None]:
+    """Count the bodies running at once under ``counter``; its peaks go to ``peaks:<counter>``."""
+    client = observer()
+    client.rpush(f"peaks:{counter}", client.incr(f"running:{counter}"))
+    try:
+        yield
+    finally:
+        client.decr(f"running:{counter}")
+
+
+@shared_task(
+    bind=True,
+    base=SingleFlightTask,
+    lock_key="rated:{name}",
+    lock_mode="while_executing",
+    lock_permits=50,  # the rate is what limits, not the key
+    lock_rate=FLOW_LOCK_RATE,
+    lock_timeout=5,
+    max_retries=0,
+)
+def per_key_rated(self: Any, name: str, n: int = 0) -> int:
+    with observed(self, f"rated:{name}"):
+        pass
+    return n
+
+
+@shared_task(
+    bind=True,
+    base=SingleFlightTask,
+    lock_key="task-rated:{name}",
+    lock_mode="while_executing",
+    task_rate=FLOW_TASK_RATE,
+    lock_timeout=5,
+    max_retries=0,
+)
+def task_rated(self: Any, name: str) -> str:
+    with observed(self, "task-rated"), observed(self, f"task-rated:{name}"):
+        pass
+    return name
+
+
+@shared_task(
+    bind=True,
+    base=SingleFlightTask,
+    lock_key="capped:{tenant}",
+    lock_mode="while_executing",
+    lock_permits=2,  # per tenant
+    task_permits=3,  # all tenants together
+    lock_on_busy="reschedule",
+    lock_reschedule_countdown=0.3,
+    lock_timeout=5,
+    max_retries=0,
+)
+def capped(self: Any, tenant: str, seconds: float = 0.5) -> str:
+    with counted("capped"), counted(f"capped:{tenant}"):
+        _emit("start", key="capped", task_id=self.request.id, tenant=tenant)
+        time.sleep(seconds)
+    return tenant
+
+
+@shared_task(
+    bind=True,
+    base=SingleFlightTask,
+    lock_key="one-permit:{name}",
+    task_permits=1,
+    lock_timeout=2,
+)
+def one_permit(self: Any, name: str, seconds: float = 0.0) -> str:
+    """until_executed + a single task permit (2 s lease): what a dead worker leaves behind."""
+    with observed(self, f"one-permit:{name}"):
+        time.sleep(seconds)
+    return name
+
+
+#: The debounce quiet period and longest wait of ``debounced``.
+DEBOUNCE_QUIET = 0.6
+DEBOUNCE_MAX = 2.0
+
+
+@shared_task(
+    bind=True,
+    base=SingleFlightTask,
+    lock_key="debounce:{name}",
+    lock_mode="debounce",
+    lock_debounce=DEBOUNCE_QUIET,
+    lock_debounce_max=DEBOUNCE_MAX,
+    lock_timeout=5,
+)
+def debounced(self: Any, name: str, value: int, seconds: float = 0.0) -> int:
+    with observed(self, f"debounce:{name}"):
+        _emit("debounced", key=f"debounce:{name}", task_id=self.request.id, value=value)
+        time.sleep(seconds)
+    return value
+
+
+@shared_task(
+    bind=True,
+    base=SingleFlightTask,
+    lock_key="long-permit:{name}",
+    lock_mode="while_executing",
+    task_permits=1,
+    lock_timeout=20,
+)
+def long_permit(self: Any, name: str, seconds: float = 0.0) -> str:
+    """A single task permit with a long lease: shows who frees a dead pool child's permit."""
+    with observed(self, f"long-permit:{name}"):
+        time.sleep(seconds)
+    return name
