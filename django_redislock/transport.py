@@ -400,7 +400,10 @@ def node_client(client: Any, key: str) -> Any:
 
 
 def _evalsha(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-    """``EVALSHA``, loading the script after a ``NOSCRIPT`` (which ran nothing)."""
+    """``EVALSHA``, loading the script after a ``NOSCRIPT`` (which ran nothing); a
+    :class:`~django_redislock.scripts.Command` runs as itself."""
+    if script.command is not None:
+        return client.execute_command(script.command, *keys, *args)
     try:
         try:
             return client.evalsha(script.sha, len(keys), *keys, *args)
@@ -414,6 +417,8 @@ def _evalsha(client: Any, script: Script, keys: Sequence[str], args: Sequence[An
 
 
 async def _aevalsha(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    if script.command is not None:
+        return await client.execute_command(script.command, *keys, *args)
     try:
         try:
             return await client.evalsha(script.sha, len(keys), *keys, *args)
