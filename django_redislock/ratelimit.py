@@ -15,7 +15,10 @@ periods of at least 1 s only; other rates always use the script.
 **Unknown outcomes.** A decision whose reply is lost raises
 :class:`~django_redislock.LockBackendError` and is never resent: had it been allowed, the
 request it counted did not happen, so the limiter errs on the strict side (fewer requests pass,
-never more). A refused decision writes nothing.
+never more). A refused decision writes nothing. With ``REDISLOCK["REPLICAS"]`` an allowance
+counts only once that many replicas acknowledged it (``WAIT``), so a failover cannot forget an
+allowance that was acted on; without it, a failover that loses the last writes forgets the
+allowances they recorded, and up to that many more requests may pass (``docs/guarantees.md``).
 
 ``RateLimiter`` and ``AsyncRateLimiter`` are one sans-I/O flow (:func:`_decide`) run by the
 simple drivers of :mod:`django_redislock.drivers`; ``acquire`` sleeps exactly the server's
@@ -212,7 +215,11 @@ class _Limiter:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             script, keys, args = kind.decide_call(target, self.name, n, native)
-            reply = yield Call(script, keys, args, action)
+            # With REDISLOCK["REPLICAS"], an allowance counts once replicated (a failover could
+            # lose it and allow again): unacknowledged, NotReplicated (a LockBackendError) goes
+            # up and the request does not pass. The state stays: the strict side.
+            call = Call(script, keys, args, action, target.replicas, target.replicas_timeout_ms)
+            reply = yield call
             decision: Decision = kind.read_decision(reply, native, script=script)
             retry_after = decision.retry_after_us / 1_000_000
             outcome = RateDecision(decision.allowed, retry_after, decision.remaining)
