@@ -27,6 +27,9 @@ __all__ = [
     "DEBOUNCE_RESCUE",
     "FORCE_RELEASE",
     "INSPECT",
+    "NATIVE_GCRA",
+    "RATE",
+    "RATE_RESET",
     "RELEASE",
     "RENEW",
     "RENEW_MANY",
@@ -36,6 +39,7 @@ __all__ = [
     "SEM_INSPECT",
     "SEM_RELEASE",
     "SEM_RENEW",
+    "Command",
     "Script",
 ]
 
@@ -103,6 +107,9 @@ def compose(text: str) -> str:
 class Script:
     """One Lua script from ``lua/``, with the library definitions it uses on its first line."""
 
+    #: Not a script: the name of a server command run in its place (see :class:`Command`).
+    command: str | None = None
+
     def __init__(self, filename: str) -> None:
         self.filename = filename
         text = _read(filename)
@@ -117,6 +124,21 @@ class Script:
     def named(self, exc: ResponseError) -> ResponseError:
         """``exc`` with Redis's ``user_script`` replaced by this script's file name."""
         return type(exc)(str(exc).replace("user_script", self.filename))
+
+
+class Command(Script):
+    """A server command that takes a script's place where the server has it (``GCRA``): run by
+    the same transport, with the same keys-then-arguments call, so it goes through the same
+    seam (timeouts, Cluster routing, error naming) as the scripts."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+        self.filename = command
+        self.source = ""
+        self.sha = ""
+
+    def __repr__(self) -> str:
+        return f"<Command {self.command}>"
 
 
 ACQUIRE = Script("acquire.lua")
@@ -137,3 +159,7 @@ DEBOUNCE_CLAIM = Script("debounce_claim.lua")
 DEBOUNCE_POSTPONE = Script("debounce_postpone.lua")
 DEBOUNCE_OVERDUE = Script("debounce_overdue.lua")
 DEBOUNCE_RESCUE = Script("debounce_rescue.lua")
+RATE = Script("rate.lua")
+RATE_RESET = Script("rate_reset.lua")
+#: Redis's own GCRA (where the server has it; see :mod:`django_redislock.ratelimit`).
+NATIVE_GCRA = Command("GCRA")
