@@ -157,9 +157,7 @@ class TaskThrottledError(TaskSkippedError):
         super().__init__(key, None, reason, rescheduled_as)
         self.countdown = countdown
         what = f"rescheduled as {rescheduled_as}" if rescheduled_as else "skipped"
-        self.args = (
-            f"Over its {reason} limit (lock {key!r}): {what}, to run in {countdown:.3g}s.",
-        )
+        self.args = (f"Over its {reason} limit (lock {key!r}, {countdown:.3g}s to wait): {what}.",)
 
 
 # -- which result the worker is running -----------------------------------------------------------

@@ -832,20 +832,20 @@ def _put_back(
             _release_quietly(Lock(key, owner=flight_id, using=rules.using), all_holds=True)
         return None
     if mode == UNTIL_EXECUTED and isinstance(flight.run_lock, Lock):
-        # Give the run's re-entry back (the watchdog must not renew the queued lease below);
-        # the publish hold stays the message's, with a queued lease again.
+        # As hand_over, without a new attempt: the key is never dropped in between (no other
+        # publish slips in), the run's re-entry is given back and a queued one taken in its
+        # place (listings show it queued, with a queued lease). The watchdog must not renew
+        # the run's hold any more.
         lock = flight.run_lock
         flight.handed_over = True
         _release_quietly(lock)
         lock.detach()
-        if ticket is not None and ticket.holds:
-            try:
-                _publish_lock(rules, key, flight_id, rules.queue_lease(delay)).renew()
-            except LockNotOwnedError:
-                pass  # lost meanwhile: take it anew below
-            else:
-                return Ticket(key, ticket.token, ticket.holds, attempt)
-        return _with_attempt(reserve(rules, key, flight_id, delay=delay), attempt)
+        queued = _publish_lock(rules, key, flight_id, rules.queue_lease(delay))
+        if queued.acquire(blocking=False):
+            holds, token = queued.detach()
+            return Ticket(key, token, holds, attempt)
+        holder = _lock_holder(rules, key)  # lost while it ran, and taken: that one covers us
+        return Duplicate(key, holder.task_id if holder is not None else None)
     end(flight)
     if mode in (UNTIL_EXECUTING, COALESCE):
         # Their queued hold was given back at run start: a message queued again takes it anew

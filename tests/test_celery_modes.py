@@ -27,7 +27,7 @@ from celery import _state as celery_state
 from celery import shared_task
 
 from django_redislock import get_lock_info, singleflight, stats
-from django_redislock.celery import SKIPPED, SingleFlightTask
+from django_redislock.celery import SKIPPED, DuplicateTaskError, SingleFlightTask
 from django_redislock.operations import lock_holders
 from django_redislock.singleflight import (
     COALESCE,
@@ -135,6 +135,40 @@ def restore_finalizers() -> Iterator[None]:
         ({"lock_queue_timeout": 1e12}, ValueError, "lock_queue_timeout"),
         ({"lock_reschedule_countdown": -1}, ValueError, "lock_reschedule_countdown"),
         ({"lock_reschedule_countdown": "5"}, TypeError, "lock_reschedule_countdown"),
+        # Flow control: hostile values are refused where the task is defined.
+        ({"task_permits": 0}, ValueError, "task_permits"),
+        ({"task_permits": -3}, ValueError, "task_permits"),
+        ({"task_permits": 2.5}, TypeError, "task_permits"),
+        ({"task_permits": True}, TypeError, "task_permits"),
+        ({"task_permits": "3"}, TypeError, "task_permits"),
+        ({"lock_rate": "ten/s"}, ValueError, "lock_rate"),
+        ({"lock_rate": "0/s"}, ValueError, "lock_rate"),
+        ({"lock_rate": "-5/m"}, ValueError, "lock_rate"),
+        ({"lock_rate": (1, float("nan"))}, ValueError, "lock_rate"),
+        ({"lock_rate": (1, float("inf"))}, ValueError, "lock_rate"),
+        ({"lock_rate": (1, -1.0)}, ValueError, "lock_rate"),
+        ({"lock_rate": 10}, TypeError, "lock_rate"),
+        ({"task_rate": "5/x"}, ValueError, "task_rate"),
+        ({"task_rate": True}, TypeError, "task_rate"),
+        ({"task_rate": (float("nan"), 1.0)}, TypeError, "task_rate"),
+        # Debounce: the quiet period is required, and only there.
+        ({"lock_mode": "debounce"}, ValueError, "lock_debounce"),
+        ({"lock_mode": "debounce", "lock_debounce": float("nan")}, ValueError, "lock_debounce"),
+        ({"lock_mode": "debounce", "lock_debounce": float("inf")}, ValueError, "lock_debounce"),
+        ({"lock_mode": "debounce", "lock_debounce": -1}, ValueError, "lock_debounce"),
+        ({"lock_mode": "debounce", "lock_debounce": "1"}, TypeError, "lock_debounce"),
+        (
+            {"lock_mode": "debounce", "lock_debounce": 2, "lock_debounce_max": 1},
+            ValueError,
+            "lock_debounce_max",
+        ),
+        (
+            {"lock_mode": "debounce", "lock_debounce": 1, "lock_debounce_max": float("nan")},
+            ValueError,
+            "lock_debounce_max",
+        ),
+        ({"lock_debounce": 1.0}, ValueError, "need lock_mode='debounce'"),
+        ({"lock_mode": "debounce", "lock_debounce": 1, "lock_permits": 2}, ValueError, "while"),
     ],
 )
 def test_bad_mode_options_fail_when_the_task_is_defined_naming_it(
@@ -192,6 +226,27 @@ def test_what_a_publish_costs_and_holds_per_mode(mode, redis_client, empty_uncon
         assert current is not None and current.queued is True
         assert task.delay(1).id == first.id  # deduplicated
         assert broker().llen("unconsumed") == 1
+
+
+def test_a_debounced_burst_costs_one_script_a_publish_and_sends_one_message(
+    redis_client, empty_unconsumed_queue
+):
+    task = tasks.unconsumed_debounced
+    task.delay(0)  # scripts loaded, connections open
+    broker().delete("unconsumed")
+    before = lock_scripts_run(redis_client)
+    ids = {task.delay(1, value=v).id for v in range(4)}
+    assert lock_scripts_run(redis_client) - before == 4  # one round trip each
+    assert len(ids) == 1 and broker().llen("unconsumed") == 1  # one burst, one message
+    assert task.delay(2).id not in ids  # another key, another burst
+    # A publish that names another id, or carries a callback, cannot join silently.
+    with pytest.raises(DuplicateTaskError) as caught:
+        task.apply_async((1,), task_id="mine")
+    assert caught.value.task_id in ids
+    with pytest.raises(DuplicateTaskError):
+        task.apply_async((1,), link=tasks.plain.s())
+    with pytest.raises(TypeError, match="JSON"):
+        task.delay(3, value=object())
 
 
 def test_a_deduplicated_publish_is_not_a_failed_acquisition(empty_unconsumed_queue):

@@ -9,6 +9,7 @@ at once, so run-time exclusion is exercised, not just queue order.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,13 @@ if django.VERSION < (5, 2):  # django-tasks-db needs Django >= 5.2 (tox's dj42 e
     pytest.skip("the django-tasks database backend needs Django >= 5.2", allow_module_level=True)
 
 from django_redislock import get_lock_info
-from django_redislock.django_tasks import SingleFlightTask, TaskSkippedError, single_flight_task
+from django_redislock.django_tasks import (
+    SingleFlightTask,
+    TaskOptionError,
+    TaskSkippedError,
+    TaskThrottledError,
+    single_flight_task,
+)
 from django_redislock.singleflight import (
     COALESCE,
     MODES,
@@ -66,11 +73,27 @@ def test_the_decorator_builds_a_django_task_with_validated_lock_options():
         ({"lock_timeout": float("nan")}, ValueError),
         ({"lock_key": "k:{missing}"}, ValueError),
         ({"timeout": 3}, TypeError),
+        ({"task_permits": 0}, ValueError),
+        ({"task_permits": 1.5}, TypeError),
+        ({"lock_rate": (1, float("nan"))}, ValueError),
+        ({"task_rate": "1/week"}, ValueError),
+        ({"lock_mode": "while_executing", "lock_debounce": 1.0}, ValueError),
     ],
 )
 def test_bad_options_fail_when_the_task_is_defined(options, error):
     with pytest.raises(error):
         single_flight_task(background.without_context.func, **options)
+
+
+def test_flow_control_options_are_accepted_and_debounce_is_refused_naming_celery():
+    task = single_flight_task(
+        background.without_context.func, task_rate="5/s", task_permits=2, lock_rate=(1, 2.0)
+    )
+    rules = task.flight_rules
+    assert (rules.task_rate, rules.task_permits, rules.rate) == ("5/s", 2, (1, 2.0))
+    with pytest.raises(TaskOptionError, match="celery") as caught:
+        single_flight_task(background.without_context.func, lock_mode="debounce", lock_debounce=1.0)
+    assert "run_after" in str(caught.value)
 
 
 def test_a_direct_call_outside_a_worker_takes_no_lock():
@@ -303,3 +326,39 @@ def test_a_sigkilled_worker_never_blocks_a_key_longer_than_one_lock_timeout(
         assert enqueue(client, mode, "kill", 0.0, queue="parked") != result_id
     finally:
         victim.kill()
+
+
+# -- flow control ---------------------------------------------------------------------------------
+def throttled_chain(client: TasksClient, first: str) -> list[str]:
+    """The results a call went through: each throttled one ends FAILED with TaskThrottledError
+    naming the one enqueued after it; the last one ran."""
+    chain = [first]
+    while (row := finished(client, chain[-1]))["status"] == "FAILED":
+        assert row["exception"] == f"{TaskThrottledError.__module__}.TaskThrottledError", row
+        later = rescheduled_as(row)
+        assert later is not None and len(chain) < 20, chain
+        chain.append(later)
+    return chain
+
+
+@pytest.mark.slow
+def test_lock_rate_holds_across_two_workers_by_enqueuing_throttled_runs_again(client, workers):
+    key = "dt-rated:r"
+    chains = [throttled_chain(client, client.enqueue("rated", "r")["id"]) for _ in range(4)]
+    assert sum(len(chain) > 1 for chain in chains) >= 2  # four at once: most were throttled
+    at = sorted(s["at"] for s in starts(key))
+    assert len(at) == 4  # one body per call, however often it was throttled
+    assert min(b - a for a, b in itertools.pairwise(at)) >= 0.5 - 0.08  # 2/s, never early
+
+
+@pytest.mark.slow
+def test_task_permits_run_one_body_of_the_task_at_a_time_across_workers(client, workers):
+    first = client.enqueue("capped", "a", 0.8)["id"]
+    wait_for(lambda: starts("dt-capped"), 15)
+    second = throttled_chain(client, client.enqueue("capped", "b", 0.0)["id"])
+    assert len(second) > 1  # the permit was taken: throttled, enqueued again
+    assert finished(client, first)["status"] == "SUCCESSFUL"
+    assert no_overlaps()
+    [end_of_first] = [e for e in ends("dt-capped") if e["task_id"] == first]
+    [start_of_second] = [s for s in starts("dt-capped") if s["task_id"] == second[-1]]
+    assert start_of_second["at"] >= end_of_first["at"]

@@ -52,9 +52,10 @@ from django_redislock.celery.signals import (
 from django_redislock.celery.task import SKIPPED, SingleFlightTask
 from django_redislock.celery.worker import SingleFlightRequest
 from django_redislock.naming import argument_digest
-from django_redislock.singleflight import MODES, TaskOptionError
+from django_redislock.singleflight import LOCK_MODES, MODES, TaskOptionError
 
 __all__ = [
+    "LOCK_MODES",
     "MODES",
     "SKIPPED",
     "DuplicateTaskError",

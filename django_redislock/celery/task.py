@@ -289,9 +289,10 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         """A publish of a debounced task: join its key's burst, or start one and send its
         message (due after the quiet period; its own countdown/eta are not used).
 
-        A publish that joins a burst returns the burst's ``AsyncResult``; one that carries
-        callbacks or belongs to a canvas, or was given another ``task_id``, raises
-        :class:`DuplicateTaskError` instead (as a duplicate does)."""
+        A publish that joins a burst returns the burst's ``AsyncResult``; with
+        ``lock_on_duplicate="raise"``, or when it carries callbacks, belongs to a canvas or was
+        given another ``task_id``, it raises :class:`DuplicateTaskError` (``.task_id``: the
+        burst's) instead, as a duplicate does. Either way its arguments are the burst's last."""
         rules = self.flight_rules
         try:
             payload = json_dumps({"args": list(args or ()), "kwargs": dict(kwargs or {})})
@@ -309,7 +310,11 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         burst = singleflight.gather(rules, key, candidate, payload, route=json.dumps(route))
         if not burst.first:
             in_canvas = _in_canvas(publish, options)
-            must_raise = in_canvas or (task_id is not None and task_id != burst.flight_id)
+            must_raise = (
+                self.lock_on_duplicate == "raise"
+                or in_canvas
+                or (task_id is not None and task_id != burst.flight_id)
+            )
             singleflight.count_outcome(rules, key, "deduplicated")
             task_deduplicated.send_robust(
                 type(self),

@@ -86,6 +86,31 @@ def without_context(x: int) -> int:
     return x
 
 
+@single_flight_task(
+    takes_context=True,
+    lock_key="dt-rated:{name}",
+    lock_timeout=2.0,
+    lock_mode="while_executing",
+    lock_permits=10,
+    lock_rate="2/s",
+)
+def rated(context: Any, name: str, seconds: float = 0.0, fail: bool = False) -> str:
+    """At most two runs a second per key, whichever worker runs them."""
+    with observed_run(f"dt-rated:{name}", str(context.task_result.id)):
+        pass
+    return f"done {name}"
+
+
+@single_flight_task(
+    takes_context=True, lock_key="dt-capped:{name}", lock_timeout=2.0, task_permits=1
+)
+def capped(context: Any, name: str, seconds: float = 0.0, fail: bool = False) -> str:
+    """One body of the task at a time, all keys together."""
+    with observed_run("dt-capped", str(context.task_result.id)):
+        time.sleep(seconds)
+    return f"done {name}"
+
+
 MODE_TASKS = {
     "until_executed": mode_until_executed,
     "until_executing": mode_until_executing,

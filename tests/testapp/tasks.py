@@ -389,6 +389,19 @@ def per_key_rated(self: Any, name: str, n: int = 0) -> int:
 
 
 @shared_task(
+    base=SingleFlightTask,
+    lock_key="rated-stats:{name}",
+    lock_mode="while_executing",
+    lock_permits=50,
+    lock_rate=FLOW_LOCK_RATE,
+    lock_timeout=5,
+)
+def rated_for_stats(name: str, n: int = 0) -> int:
+    """``per_key_rated`` with a statistics row of its own (``"rated-stats:{name}"``)."""
+    return n
+
+
+@shared_task(
     bind=True,
     base=SingleFlightTask,
     lock_key="task-rated:{name}",
@@ -470,3 +483,14 @@ def long_permit(self: Any, name: str, seconds: float = 0.0) -> str:
     with observed(self, f"long-permit:{name}"):
         time.sleep(seconds)
     return name
+
+
+@shared_task(
+    base=SingleFlightTask,
+    lock_key="cost-debounce:{x}",
+    lock_mode="debounce",
+    lock_debounce=30,
+    lock_timeout=30,
+)
+def unconsumed_debounced(x: int, value: int = 0) -> None:
+    """Never consumed: what a debounced publish costs and sends."""
