@@ -251,3 +251,45 @@ def test_a_plain_lock_inside_a_task_records_the_task_id_and_outside_none():
     with Lock("eager:plain", timeout=10):
         info = get_lock_info("eager:plain")
         assert info is not None and info.task_id is None
+
+
+@shared_task(
+    bind=True,
+    base=SingleFlightTask,
+    lock_key="eager-permit:{name}",
+    task_permits=1,
+    lock_timeout=10,
+)
+def one_at_a_time(self: Any, name: str, inner: str | None = None) -> Any:
+    """One body of the task at a time; ``inner`` publishes another key from inside the body."""
+    SEEN.append(name)
+    return one_at_a_time.delay(inner) if inner else name
+
+
+@shared_task(
+    bind=True,
+    base=SingleFlightTask,
+    lock_key="eager-debounce:{name}",
+    lock_mode="debounce",
+    lock_debounce=30,
+    lock_timeout=10,
+)
+def debounced_eagerly(self: Any, name: str, value: int) -> int:
+    assert_locked(f"eager-debounce:{name}", by=self.request.id)
+    SEEN.append(value)
+    return value
+
+
+def test_an_eager_run_over_a_limit_is_skipped_and_holds_nothing():
+    outer = one_at_a_time.delay("a", inner="b")
+    inner = outer.get()
+    assert inner.state == SKIPPED and inner.info["reason"] == "task_permits"
+    assert SEEN == ["a"]  # never run early
+    assert_not_locked("eager-permit:b")
+    assert one_at_a_time.delay("b").get() == "b"  # the permit came back with the outer run
+
+
+def test_an_eager_debounced_publish_runs_at_once_under_its_key():
+    assert [debounced_eagerly.delay("k", v).get() for v in (1, 2)] == [1, 2]
+    assert SEEN == [1, 2]
+    assert_not_locked("eager-debounce:k")

@@ -558,8 +558,6 @@ class SingleFlightTask(DjangoTask):  # type: ignore[type-arg]
         rules, key = self.flight_rules, deferred.key
         carried = deferred.ticket
         if request.is_eager or carried is None:
-            if deferred.throttled:
-                singleflight.count_outcome(rules, key, "throttled")
             self._skip(key, None, deferred.reason)
         if isinstance(carried, Duplicate):  # another message of the key is queued: it covers us
             self._skip(key, carried.holder, "queued")
