@@ -5,6 +5,7 @@ Usage (from the repository root)::
     .venv/bin/python benchmarks/bench_locks.py                 # full run, ~12 min on 2 cores
     .venv/bin/python benchmarks/bench_locks.py --quick         # CI smoke run of every part
     .venv/bin/python benchmarks/bench_locks.py contended asyncio --json out.json --markdown out.md
+    make bench ARGS="--section rate"                           # one section (= naming it)
 
 Sections (positional names select some; default all): ``uncontended`` (1), ``contended`` (2),
 ``manykeys`` (3), ``watchdog`` (4), ``stats`` (5, measured inside ``uncontended``), ``memory``
@@ -563,6 +564,13 @@ def _terminate(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sections", nargs="*", metavar="SECTION", help=", ".join(SECTIONS))
+    parser.add_argument(
+        "--section",
+        action="append",
+        default=[],
+        metavar="SECTION",
+        help="run this section (repeatable; the same as naming it)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a CI smoke run")
     parser.add_argument("--json", metavar="PATH", help="write every figure as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="also write the Markdown block here")
@@ -581,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         help="failover: Sentinel down-after-milliseconds (default 2000)",
     )
     args = parser.parse_args(argv)
-    chosen = set(args.sections or SECTIONS)
+    chosen = set(args.sections + args.section or SECTIONS)
     bad = chosen - set(SECTIONS)
     if bad:
         parser.error(f"unknown sections: {', '.join(sorted(bad))}")
