@@ -40,7 +40,7 @@ PY := $(BIN)/python
 CODE := django_redislock tests example_project benchmarks
 # The matrix step of CI: the core of the suite in the oldest and newest environments.
 FLAVOUR_TESTS := tests/test_lock.py tests/test_waiting.py tests/test_aio.py tests/test_semaphore.py \
-	tests/test_hostile_values.py tests/test_decorators.py tests/faults/test_partitions.py
+	tests/test_hostile_values.py tests/test_decorators.py tests/test_ratelimit.py tests/faults/test_partitions.py
 # The chaos runs (issue 27): a CI step of their own, so test-faults / test-topology leave them out.
 CHAOS_TESTS := tests/faults/test_chaos.py tests/faults/test_chaos_topology.py
 NOT_CHAOS := $(addprefix --ignore=,$(CHAOS_TESTS))

@@ -9,15 +9,18 @@ from django_redislock.exceptions import (
     LockNotAcquiredError,
     LockNotOwnedError,
     LockOutcomeUnknown,
+    RateLimited,
 )
 from django_redislock.lock import Lock
 from django_redislock.operations import LockInfo, force_release, get_lock_info, list_locks
+from django_redislock.ratelimit import AsyncRateLimiter, RateDecision, RateLimiter
 from django_redislock.semaphore import AsyncSemaphore, Semaphore
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncLock",
+    "AsyncRateLimiter",
     "AsyncSemaphore",
     "Lock",
     "LockBackendError",
@@ -27,6 +30,9 @@ __all__ = [
     "LockNotAcquiredError",
     "LockNotOwnedError",
     "LockOutcomeUnknown",
+    "RateDecision",
+    "RateLimited",
+    "RateLimiter",
     "Semaphore",
     "distributed_lock",
     "force_release",

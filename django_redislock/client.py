@@ -23,10 +23,12 @@ __all__ = [
     "blocking_pop",
     "delete_keys",
     "eviction_policy",
+    "gcra_unit",
     "lock_exists",
     "read_beat_state",
     "read_lock",
     "read_locks",
+    "read_rates",
     "read_semaphores",
     "read_stats",
     "scan_keys",
@@ -257,3 +259,41 @@ def write_beat_state(client: Any, key: str, entry: str, record: str) -> None:
 
 def _decoded(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def gcra_unit(client: Any, probe_key: str) -> str | None:
+    """Whether the server has a ``GCRA`` command, and the unit of its retry-after: ``"ms"``,
+    ``"s"`` (its builds differ), or ``None`` (no such command).
+
+    ``COMMAND GETKEYS`` answers an error for a command the server does not know (``COMMAND
+    INFO`` would answer nil, which some redis-py versions fail to parse). Then two decisions on
+    a scratch key (``probe_key``, deleted after) at 1 per 1000 s: the second is refused,
+    retrying after about 1000 s, which tells the unit. Nothing else is touched.
+    """
+    try:
+        client.execute_command("COMMAND", "GETKEYS", "GCRA", probe_key, 0, 1, 1000)
+    except ResponseError:
+        return None
+    try:
+        client.execute_command("GCRA", probe_key, 0, 1, 1000)
+        reply = client.execute_command("GCRA", probe_key, 0, 1, 1000)
+    except ResponseError:
+        return None
+    finally:
+        client.delete(probe_key)
+    return "ms" if int(reply[3]) > 100_000 else "s"
+
+
+def read_rates(client: Any, keys: Sequence[str]) -> list[tuple[str, int]]:
+    """``(key, milliseconds until rested)`` of each rate limiter key that exists (one pipeline
+    of ``PTTL``; a key without an expiry reports -1)."""
+    if not keys:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.pttl(key)
+    found = []
+    for key, pttl in zip(keys, pipe.execute(), strict=True):
+        if int(pttl) != -2:
+            found.append((key, int(pttl)))
+    return found

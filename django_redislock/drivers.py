@@ -11,13 +11,36 @@ the end, whatever the end.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-from django_redislock.flow import Call, Flow, NotReplicated, Plan, Subscribe, Wait, Woken
+from django_redislock.flow import (
+    Call,
+    Flow,
+    NotReplicated,
+    Plan,
+    Sleep,
+    Subscribe,
+    Wait,
+    Woken,
+)
 from django_redislock.wakeups import Waiter
 
-__all__ = ["Attempt", "adrive", "arun_call", "drive", "run_call"]
+__all__ = [
+    "Attempt",
+    "SimpleFlow",
+    "adrive",
+    "adrive_simple",
+    "arun_call",
+    "drive",
+    "drive_simple",
+    "run_call",
+]
+
+#: A flow that only calls and sleeps (a rate limiter's): no waiter, no attempt to clean up.
+SimpleFlow = Generator[Call | Sleep, Any, Any]
 
 
 @dataclass(kw_only=True)
@@ -154,3 +177,41 @@ async def adrive(flow: Flow, attempt: Attempt) -> Any:
         return stop.value
     finally:
         attempt.close()
+
+
+def drive_simple(flow: SimpleFlow, target: Any) -> Any:
+    """Run a flow of calls and sleeps with blocking I/O; returns what it returns."""
+    try:
+        op = next(flow)
+        while True:
+            try:
+                if isinstance(op, Call):
+                    result: Any = run_call(target, op)
+                else:
+                    time.sleep(op.seconds)
+                    result = None
+            except BaseException as exc:
+                op = flow.throw(exc)
+            else:
+                op = flow.send(result)
+    except StopIteration as stop:
+        return stop.value
+
+
+async def adrive_simple(flow: SimpleFlow, target: Any) -> Any:
+    """:func:`drive_simple` with ``await``."""
+    try:
+        op = next(flow)
+        while True:
+            try:
+                if isinstance(op, Call):
+                    result: Any = await arun_call(target, op)
+                else:
+                    await asyncio.sleep(op.seconds)
+                    result = None
+            except BaseException as exc:
+                op = flow.throw(exc)
+            else:
+                op = flow.send(result)
+    except StopIteration as stop:
+        return stop.value

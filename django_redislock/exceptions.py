@@ -13,6 +13,7 @@ __all__ = [
     "LockNotAcquiredError",
     "LockNotOwnedError",
     "LockOutcomeUnknown",
+    "RateLimited",
 ]
 
 
@@ -99,3 +100,24 @@ def _rebuild_unknown(
     return LockOutcomeUnknown(
         message, name=name, action=action, attempt=attempt, lease_ends_by=lease_ends_by
     )
+
+
+class RateLimited(LockError):
+    """A rate limiter would not allow the request within the caller's ``timeout``.
+
+    ``retry_after``: seconds from the decision until the request would be allowed (nothing was
+    counted against the rate). ``name``: the limiter's name.
+    """
+
+    def __init__(self, name: str, retry_after: float, message: str | None = None) -> None:
+        self.name = name
+        self.retry_after = retry_after
+        if message is None:
+            message = (
+                f"Rate limit {name!r}: the request would be allowed in {retry_after:.3f} s, "
+                "later than the timeout allows."
+            )
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.name, self.retry_after, str(self)))

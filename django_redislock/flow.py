@@ -34,6 +34,7 @@ __all__ = [
     "NotAcquired",
     "NotReplicated",
     "Plan",
+    "Sleep",
     "Subscribe",
     "Wait",
     "Woken",
@@ -85,6 +86,14 @@ class Woken:
     handed: bool
     #: The token of a lock handed over outright; ``None`` when it must be claimed.
     token: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Sleep this long (seconds), holding no connection: a rate limiter waiting for exactly its
+    retry-after, which no release can shorten."""
+
+    seconds: float
 
 
 Op = Call | Subscribe | Wait

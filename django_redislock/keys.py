@@ -36,6 +36,9 @@ def tag_of(name: str) -> str:
     return "".join(_TAG_ESCAPES.get(c, c) for c in name)
 
 
+#: The kinds of holder keys :meth:`KeySpace.kind_of` tells apart, and their type segments.
+_SEGMENTS = {"lock": "lock", "semaphore": "sem", "rate": "rate"}
+
 _TAG_UNESCAPE = re.compile("%(25|7B|7D)")
 _TAG_UNESCAPES = {"25": "%", "7B": "{", "7D": "}"}
 
@@ -83,6 +86,10 @@ class KeySpace:
     def semaphore_queue(self, name: str) -> str:
         return f"{self.namespace}:semq:{{{tag_of(name)}}}"
 
+    def rate(self, name: str) -> str:
+        """A rate limiter's state (GCRA's theoretical arrival time), expiring when rested."""
+        return f"{self.namespace}:rate:{{{tag_of(name)}}}"
+
     def waiters(self, name: str) -> str:
         """Hash of a lock's queue entries (waiter id -> expiry, owner, lease, metadata)."""
         return f"{self.namespace}:waiters:{{{tag_of(name)}}}"
@@ -124,10 +131,10 @@ class KeySpace:
         return f"{escape_glob(self.namespace)}:lock:{{{glob}}}"
 
     def holder_pattern(self, match: str | None = None) -> str:
-        """SCAN pattern for lock *and* semaphore keys (``lock:``/``sem:``; it also matches
-        ``semrec:``/``semq:``, which :meth:`kind_of` sorts out)."""
+        """SCAN pattern for lock, semaphore and rate limiter keys (``lock:``/``sem:``/``rate:``;
+        it also matches ``semrec:``/``semq:``, which :meth:`kind_of` sorts out)."""
         glob = "*" if not match else "".join(_TAG_ESCAPES.get(c, c) for c in match)
-        return f"{escape_glob(self.namespace)}:?[oe][cm]*:{{{glob}}}"
+        return f"{escape_glob(self.namespace)}:?[oea][cmt]*:{{{glob}}}"
 
     @property
     def namespace_pattern(self) -> str:
@@ -136,8 +143,9 @@ class KeySpace:
         return f"{escape_glob(self.namespace)}:*"
 
     def kind_of(self, key: str) -> str | None:
-        """``"lock"`` or ``"semaphore"`` for a holder key of this namespace, else ``None``."""
-        for kind, segment in (("lock", "lock"), ("semaphore", "sem")):
+        """``"lock"``, ``"semaphore"`` or ``"rate"`` for a holder key of this namespace, else
+        ``None``."""
+        for kind, segment in _SEGMENTS.items():
             if key.startswith(f"{self.namespace}:{segment}:{{") and key.endswith("}"):
                 return kind
         return None
@@ -147,7 +155,7 @@ class KeySpace:
         kind = self.kind_of(key)
         if kind is None:
             raise ValueError(f"{key!r} is not a lock key of namespace {self.namespace!r}")
-        head = f"{self.namespace}:{'lock' if kind == 'lock' else 'sem'}:{{"
+        head = f"{self.namespace}:{_SEGMENTS[kind]}:{{"
         return name_of_tag(key[len(head) : -1])
 
 

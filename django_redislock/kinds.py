@@ -26,9 +26,11 @@ __all__ = [
     "REFUSED",
     "VOID",
     "AcquireReply",
+    "Decision",
     "DropReply",
     "Inspection",
     "LockKind",
+    "RateKind",
     "SemaphoreKind",
 ]
 
@@ -367,3 +369,70 @@ class SemaphoreKind:
     def read_inspect(self, reply: Any) -> Inspection:
         """Held: a live permit exists; owned: this owner holds one."""
         return Inspection(held=int(reply[0]) > 0, owned=int(reply[1]) > 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A rate limiter's answer, in the server's units (microseconds)."""
+
+    allowed: bool
+    remaining: int
+    retry_after_us: int
+    reset_after_us: int
+
+
+class RateKind:
+    """A rate limiter (GCRA): nothing is held, so nothing is released, renewed or handed over;
+    a decision is one call, and a refused one changes nothing.
+
+    ``native``: the server's own ``GCRA`` command decides instead of ``lua/rate.lua`` (same key
+    layout, same arithmetic; see :mod:`django_redislock.ratelimit`), its retry-after reported in
+    ``"ms"`` or whole ``"s"``; ``None``: the script.
+    """
+
+    name = "rate"
+
+    def __init__(self, *, count: int, period: float, burst: int) -> None:
+        self.count = count
+        self.period = period
+        self.burst = burst
+        #: Microseconds between two requests at the sustained rate (the server's rounding).
+        self.interval_us = max(1, int(period * 1_000_000 / count + 0.5))
+
+    def check_target(self, target: Any) -> None:
+        if target.quorum:
+            from django.core.exceptions import ImproperlyConfigured
+
+            raise ImproperlyConfigured(
+                "Rate limiters need one Redis (single, Sentinel or Cluster): REDISLOCK['CACHE'] "
+                "lists independent masters (Redlock). Pass using=<one alias>."
+            )
+
+    def holder_key(self, target: Any, name: str) -> str:
+        return target.keys.rate(name)  # type: ignore[no-any-return]
+
+    def decide_call(self, target: Any, name: str, n: int, native: str | None = None) -> Call:
+        key = target.keys.rate(name)
+        if native is not None and self.period >= 1.0:
+            # GCRA key max-burst tokens-per-period period TOKENS n (max-burst: beyond the first)
+            args: list[Any] = [self.burst - 1, self.count, repr(float(self.period)), "TOKENS", n]
+            return scripts.NATIVE_GCRA, [key], args
+        return scripts.RATE, [key], [self.burst, self.interval_us, n, 0]
+
+    def read_decision(
+        self, reply: Any, native: str | None = None, *, script: Any = None
+    ) -> Decision:
+        if script is scripts.NATIVE_GCRA:
+            unit = 1000 if native == "ms" else 1_000_000
+            limited, _, remaining, retry, reset = (int(v) for v in reply)
+            return Decision(
+                allowed=not limited,
+                remaining=max(0, remaining),
+                retry_after_us=max(0, retry) * unit if limited else 0,
+                reset_after_us=max(0, reset) * unit,
+            )
+        allowed, remaining, retry, reset = (int(v) for v in reply)
+        return Decision(bool(allowed), remaining, retry, reset)
+
+    def reset_call(self, target: Any, name: str) -> Call:
+        return scripts.RATE_RESET, [target.keys.rate(name)], []

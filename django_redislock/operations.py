@@ -43,6 +43,7 @@ __all__ = [
     "lock_holders",
     "lock_page",
     "page_locks",
+    "reset_rate_limit",
 ]
 
 
@@ -60,7 +61,9 @@ class LockInfo:
     hold_count: int
     acquired_at: dt.datetime
     expires_in: float
-    #: ``"lock"`` or ``"semaphore"`` (one ``LockInfo`` per held permit).
+    #: ``"lock"``, ``"semaphore"`` (one ``LockInfo`` per held permit) or ``"rate"`` (a rate
+    #: limiter with a history: nobody holds it, ``expires_in`` is the time until it is rested,
+    #: ``owner``/``host`` are empty and ``fencing_token`` 0).
     kind: str = "lock"
     #: How many holders the name admits at once (1 for a lock).
     permits: int = 1
@@ -152,9 +155,10 @@ def _info(keys: KeySpace, record: LockRecord, permits: int = 1) -> LockInfo:
     )
 
 
-def _identity(info: LockInfo) -> tuple[str, int]:
-    """What tells two holders apart: a semaphore has several per name, each with its token."""
-    return info.name, info.fencing_token
+def _identity(info: LockInfo) -> tuple[str, str, int]:
+    """What tells two holders apart: a semaphore has several per name, each with its token, and
+    a rate limiter may share a lock's name."""
+    return info.kind, info.name, info.fencing_token
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -179,19 +183,43 @@ def lock_page(
 
 
 def _read_holders(client: Any, keys: KeySpace, found: list[str]) -> list[LockInfo]:
-    """Infos of lock and semaphore keys (other keys are ignored), in one or two round trips."""
+    """Infos of lock, semaphore and rate limiter keys (other keys are ignored), in one round
+    trip per kind found."""
     lock_keys = [k for k in found if keys.kind_of(k) == "lock"]
     sem_keys = [k for k in found if keys.kind_of(k) == "semaphore"]
+    rate_keys = [k for k in found if keys.kind_of(k) == "rate"]
     infos = [_info(keys, r) for r in redis_client.read_locks(client, lock_keys)]
     pairs = [(k, keys.semaphore_records(keys.name_of(k))) for k in sem_keys]
     for _, permits, records in redis_client.read_semaphores(client, pairs):
         infos.extend(_info(keys, r, permits) for r in records)
+    if rate_keys:
+        now = dt.datetime.now(dt.timezone.utc)
+        for key, pttl in redis_client.read_rates(client, rate_keys):
+            infos.append(_rate_info(keys, key, pttl, now))
     return infos
+
+
+def _rate_info(keys: KeySpace, key: str, pttl_ms: int, now: dt.datetime) -> LockInfo:
+    """A rate limiter with a history, as a listing row (nobody holds it)."""
+    return LockInfo(
+        name=keys.name_of(key),
+        owner="",
+        host="",
+        pid=None,
+        thread="",
+        task_id=None,
+        fencing_token=0,
+        hold_count=0,
+        acquired_at=now,
+        expires_in=pttl_ms / 1000 if pttl_ms >= 0 else float("inf"),
+        kind="rate",
+        permits=0,
+    )
 
 
 def list_locks(*, match: str | None = None, using: str | None = None) -> Iterator[LockInfo]:
     """Every active lock (``SCAN``, never ``KEYS``); ``match`` is a glob on the lock name."""
-    seen: set[tuple[str, int]] = set()
+    seen: set[tuple[str, str, int]] = set()
     cursor = 0
     while True:
         cursor, infos = lock_page(cursor=cursor, match=match, using=using)
@@ -211,12 +239,15 @@ def get_lock_info(name: str, *, using: str | None = None) -> LockInfo | None:
 
 def lock_holders(name: str, *, using: str | None = None) -> list[LockInfo]:
     """Every holder of ``name``: one entry for a lock, one per held permit of a semaphore
-    (oldest permit first)."""
+    (oldest permit first), then a rate limiter of that name if it has a history."""
     client = get_client(using)
     keys = keyspace(using)
     with backend_errors(f"inspect lock {name!r}"):
-        infos = _read_holders(client, keys, [keys.lock(name), keys.semaphore(name)])
-    return sorted(infos, key=lambda info: (info.kind != "lock", info.fencing_token))
+        infos = _read_holders(
+            client, keys, [keys.lock(name), keys.semaphore(name), keys.rate(name)]
+        )
+    order = {"lock": 0, "semaphore": 1, "rate": 2}
+    return sorted(infos, key=lambda info: (order[info.kind], info.fencing_token))
 
 
 # -- paging and sorting ----------------------------------------------------------------------------
@@ -296,7 +327,7 @@ def page_locks(
 
     def limited() -> Iterator[LockInfo]:
         nonlocal truncated
-        seen: set[tuple[str, int]] = set()
+        seen: set[tuple[str, str, int]] = set()
         step = 0
         while True:
             step, infos = lock_page(cursor=step, match=match, count=scan_count_max, using=using)
@@ -337,7 +368,7 @@ def _scan_page(
     Each SCAN step's COUNT doubles while steps come back sparse (a namespace holds many more
     fence counters than live locks), capped by ``count_max``.
     """
-    found: dict[tuple[str, int], LockInfo] = {}
+    found: dict[tuple[str, str, int], LockInfo] = {}
     count = min(per_page or count_max, count_max)
     while True:
         cursor, infos = lock_page(cursor=cursor, match=match, count=count, using=using)
@@ -400,6 +431,29 @@ def _holder_tokens(target: Target, name: str) -> list[int]:
     return [info.fencing_token for info in infos]
 
 
+def reset_rate_limit(name: str, *, using: str | None = None) -> bool:
+    """Forget the history of the rate limiter ``name`` (its next request finds it rested), as
+    ``RateLimiter.reset()`` does, without knowing its rate; returns whether it had a history.
+
+    For operators (the admin's reset button, ``manage.py redislock reset-rate``); sends
+    ``rate_limit_reset``. A reset is counted on the limiter's row as ``force_released``.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError("name must be a non-empty string")
+    target = runtime.target(using)
+    reset = False
+    with backend_errors(f"reset rate limit {name!r}"):
+        for member in target.members or (target,):
+            key = member.keys.rate(name)
+            action = f"reset rate limit {name!r}"
+            reset |= bool(int(member.transport.run(scripts.RATE_RESET, [key], [], action)))
+    if reset:
+        stats.record(using, stats_shape(name), "force_released")
+    if signals.rate_limit_reset.receivers:
+        signals.rate_limit_reset.send_robust(None, name=name, using=using, reset=reset)
+    return reset
+
+
 def _force_one(target: Target, name: str, token: int) -> list[tuple[LockInfo, str]]:
     """Release the lock ``name`` (else the semaphore permit) of ``token``, on one deployment.
 
@@ -433,7 +487,7 @@ def _released(keys: KeySpace, record: LockRecord) -> tuple[LockInfo, str]:
 
 def _unique(infos: list[LockInfo]) -> list[LockInfo]:
     """One entry per holder (independent masters each report the same one)."""
-    seen: set[tuple[str, int]] = set()
+    seen: set[tuple[str, str, int]] = set()
     found = []
     for info in infos:
         if _identity(info) not in seen:

@@ -58,6 +58,13 @@ _COUNTERS = (
     ("redislock_releases", "Releases of the last hold of a lock.", "released"),
     ("redislock_losses", "Locks found lost (expired or force-released) by their holder.", "lost"),
     ("redislock_force_releases", "Locks force-released by an operator.", "force_released"),
+    ("redislock_rate_allowed", "Requests a rate limiter allowed.", "allowed"),
+    ("redislock_rate_limited", "Requests a rate limiter refused.", "limited"),
+    (
+        "redislock_throttled",
+        "Task runs re-published because a rate limit or a concurrency cap was reached.",
+        "throttled",
+    ),
     (
         "redislock_skipped",
         "Calls or task deliveries skipped or rescheduled because their lock was busy (by design).",

@@ -22,6 +22,9 @@ __all__ = [
     "CANCEL",
     "FORCE_RELEASE",
     "INSPECT",
+    "NATIVE_GCRA",
+    "RATE",
+    "RATE_RESET",
     "RELEASE",
     "RENEW",
     "RENEW_MANY",
@@ -31,6 +34,7 @@ __all__ = [
     "SEM_INSPECT",
     "SEM_RELEASE",
     "SEM_RENEW",
+    "Command",
     "Script",
 ]
 
@@ -98,6 +102,9 @@ def compose(text: str) -> str:
 class Script:
     """One Lua script from ``lua/``, with the library definitions it uses on its first line."""
 
+    #: Not a script: the name of a server command run in its place (see :class:`Command`).
+    command: str | None = None
+
     def __init__(self, filename: str) -> None:
         self.filename = filename
         text = _read(filename)
@@ -114,6 +121,21 @@ class Script:
         return type(exc)(str(exc).replace("user_script", self.filename))
 
 
+class Command(Script):
+    """A server command that takes a script's place where the server has it (``GCRA``): run by
+    the same transport, with the same keys-then-arguments call, so it goes through the same
+    seam (timeouts, Cluster routing, error naming) as the scripts."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+        self.filename = command
+        self.source = ""
+        self.sha = ""
+
+    def __repr__(self) -> str:
+        return f"<Command {self.command}>"
+
+
 ACQUIRE = Script("acquire.lua")
 RELEASE = Script("release.lua")
 CANCEL = Script("cancel.lua")
@@ -127,3 +149,7 @@ SEM_CANCEL = Script("sem_cancel.lua")
 SEM_RENEW = Script("sem_renew.lua")
 SEM_FORCE_RELEASE = Script("sem_force_release.lua")
 SEM_INSPECT = Script("sem_inspect.lua")
+RATE = Script("rate.lua")
+RATE_RESET = Script("rate_reset.lua")
+#: Redis's own GCRA (where the server has it; see :mod:`django_redislock.ratelimit`).
+NATIVE_GCRA = Command("GCRA")

@@ -13,6 +13,8 @@ locking code (they are sent with ``send_robust``).
   longer held by its owner (expired or force-released). ``lock`` may be ``None`` when the ``Lock``
   object was already garbage-collected.
 - ``lock_force_released(sender=None, name, token, using, released)``: ``force_release`` ran.
+- ``rate_limit_reset(sender=None, name, using, reset)``: ``reset_rate_limit`` ran (an operator
+  or code forgot a rate limiter's history); ``reset``: whether there was a history.
 - ``lock_outcome_resolved(sender=Lock, name, attempt, action, outcome)``: a call whose outcome
   was unknown (:class:`~django_redislock.LockOutcomeUnknown`) was settled by the package:
   ``outcome`` is ``"undone"`` (the attempt had taken a hold or a queue place; it is gone now) or
@@ -30,6 +32,7 @@ __all__ = [
     "lock_lost",
     "lock_outcome_resolved",
     "lock_released",
+    "rate_limit_reset",
 ]
 
 lock_acquired = Signal()
@@ -38,3 +41,4 @@ lock_released = Signal()
 lock_lost = Signal()
 lock_force_released = Signal()
 lock_outcome_resolved = Signal()
+rate_limit_reset = Signal()

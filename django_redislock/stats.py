@@ -26,7 +26,8 @@ Redis layout (per namespace ``<ns>``, see :mod:`django_redislock.keys` and
 :mod:`django_redislock.client`):
 
 - ``<ns>:stats:<stats_name>`` HASH: ``acquired contended failed released lost force_released
-  skipped deduplicated`` (integers), ``wait_total hold_total`` (float seconds), ``updated_at``
+  skipped deduplicated allowed limited throttled`` (integers), ``wait_total hold_total`` (float
+  seconds), ``updated_at``
   (epoch seconds), and one integer per non-empty histogram bucket: ``wait_le_<bound>`` and
   ``hold_le_<bound>``, ``<bound>`` being the bucket's upper bound as ``%g`` (``0.005``, ``30``)
   or ``inf``. Expires :data:`STATS_TTL` after its last update.
@@ -43,6 +44,10 @@ What counts as what:
 - ``acquired``/``contended``/waits: successful acquisitions (the outermost of re-entrant ones);
   ``failed``: attempts that timed out or found the lock busy without waiting, when that was a
   failure for the caller. ``success_rate`` is ``acquired / (acquired + failed)``.
+- ``allowed``/``limited``: decisions of a rate limiter (:mod:`django_redislock.ratelimit`); on
+  its row they also make the per-minute series (``a:`` allowed, ``f:`` refused). ``throttled``:
+  task runs re-published because a ``lock_rate``/``task_rate``/``task_permits`` limit was
+  reached. None of the three is an acquisition attempt.
 - ``skipped`` and ``deduplicated`` are busy locks that worked as intended and are *not* attempts:
   a call ``distributed_lock(on_busy="skip")`` (or an ``on_busy`` callable that returned) did not
   make, a single-flight delivery skipped or rescheduled because its key was held (``skipped``), a
@@ -138,6 +143,9 @@ _INT_FIELDS = (
     "force_released",
     "skipped",
     "deduplicated",
+    "allowed",
+    "limited",
+    "throttled",
 )
 _FLOAT_FIELDS = ("wait_total", "hold_total")
 _MAX_FIELDS = ("wait", "hold")
@@ -152,6 +160,7 @@ class _Tally:
 
     __slots__ = (
         "acquired",
+        "allowed",
         "contended",
         "deduplicated",
         "failed",
@@ -159,10 +168,12 @@ class _Tally:
         "hold_buckets",
         "hold_max",
         "hold_total",
+        "limited",
         "lost",
         "minutes",
         "released",
         "skipped",
+        "throttled",
         "wait_buckets",
         "wait_max",
         "wait_total",
@@ -172,6 +183,7 @@ class _Tally:
         self.acquired = self.contended = self.failed = 0
         self.released = self.lost = self.force_released = 0
         self.skipped = self.deduplicated = 0
+        self.allowed = self.limited = self.throttled = 0
         self.wait_total = self.wait_max = self.hold_total = self.hold_max = 0.0
         self.wait_buckets = [0] * len(_BUCKET_LABELS)
         self.hold_buckets = [0] * len(_BUCKET_LABELS)
@@ -359,6 +371,12 @@ def _fold() -> None:
         elif event == "failed":
             tally.failed += 1
             _per_minute(tally, now, 1)
+        elif event == "allowed":  # a rate limiter's row: its decisions are its series
+            tally.allowed += 1
+            _per_minute(tally, now, 0)
+        elif event == "limited":
+            tally.limited += 1
+            _per_minute(tally, now, 1)
         else:
             setattr(tally, event, getattr(tally, event) + 1)
 
@@ -542,6 +560,11 @@ class LockStats:
     updated_at: datetime | None = field(default=None, compare=False)
     skipped: int = 0
     deduplicated: int = 0
+    #: Rate limiters: decisions that allowed / refused requests (their per-minute series too).
+    allowed: int = 0
+    limited: int = 0
+    #: Task runs re-published because a rate or a cap was reached (not attempts either).
+    throttled: int = 0
     wait_buckets: tuple[int, ...] = _NO_COUNTS
     hold_buckets: tuple[int, ...] = _NO_COUNTS
     per_minute: tuple[Minute, ...] = field(default=(), compare=False)

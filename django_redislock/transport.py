@@ -212,12 +212,16 @@ class RedisPyTransport:
         # WAIT counts the writes of one connection: on a Cluster, that of the key's node.
         node = node_client(self.client, keys[0])
         try:
-            if (id(node), script.sha) not in self._loaded_for_wait:
+            native = script.command is not None
+            if not native and (id(node), script.sha) not in self._loaded_for_wait:
                 node.script_load(script.source)  # before sending: safe to repeat
                 self._loaded_for_wait.add((id(node), script.sha))
             for attempt in range(2):
                 pipe = node.pipeline(transaction=False)
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                if native:
+                    pipe.execute_command(script.command, *keys, *args)
+                else:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
                 pipe.execute_command("WAIT", replicas, timeout_ms)
                 reply, acked = pipe.execute(raise_on_error=False)
                 if attempt == 0 and isinstance(reply, redis_errors.NoScriptError):
@@ -400,7 +404,10 @@ def node_client(client: Any, key: str) -> Any:
 
 
 def _evalsha(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-    """``EVALSHA``, loading the script after a ``NOSCRIPT`` (which ran nothing)."""
+    """``EVALSHA``, loading the script after a ``NOSCRIPT`` (which ran nothing); a
+    :class:`~django_redislock.scripts.Command` runs as itself."""
+    if script.command is not None:
+        return client.execute_command(script.command, *keys, *args)
     try:
         try:
             return client.evalsha(script.sha, len(keys), *keys, *args)
@@ -414,6 +421,8 @@ def _evalsha(client: Any, script: Script, keys: Sequence[str], args: Sequence[An
 
 
 async def _aevalsha(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    if script.command is not None:
+        return await client.execute_command(script.command, *keys, *args)
     try:
         try:
             return await client.evalsha(script.sha, len(keys), *keys, *args)
