@@ -226,9 +226,14 @@ def test_reserve_beyond_max_wait_takes_nothing():
 
 def test_reserve_is_refused_hostile_waits():
     limiter = RateLimiter("hostile-wait", "1/s")
-    for bad, error in ((math.nan, ValueError), (-1, ValueError), (None, TypeError)):
+    bad_waits: list[tuple[object, type[Exception]]] = [
+        (math.nan, ValueError),
+        (-1, ValueError),
+        (None, TypeError),
+    ]
+    for bad, error in bad_waits:
         with pytest.raises(error):
-            limiter.reserve(max_wait=bad)
+            limiter.reserve(max_wait=bad)  # type: ignore[arg-type]
 
 
 def test_async_reserve_shares_the_places():
