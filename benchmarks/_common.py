@@ -580,6 +580,9 @@ def machine_info(server_binary: str, conn: Any) -> dict[str, Any]:
         "django_redis": _version("django-redis"),
         "python_redis_lock": _version("python-redis-lock"),
         "py_redis_semaphore": _version("py-redis-semaphore"),
+        "dramatiq": _version("dramatiq"),
+        "limits": _version("limits"),
+        "celery": _version("celery"),
         "django_redislock": _version("django-redislock"),
         "commit": (_git("rev-parse", "--short", "HEAD") or "?") + ("+dirty" if dirty else ""),
         "redis_server": conn.info("server")["redis_version"],
@@ -602,6 +605,9 @@ def machine_lines(info: dict[str, Any]) -> list[str]:
         f"hiredis {'yes' if info['hiredis_used'] else 'no'}), Django {info['django']}, "
         f"django-redis {info['django_redis']}, python-redis-lock {info['python_redis_lock']}, "
         f"py-redis-semaphore {info.get('py_redis_semaphore', 'not installed')}, "
+        f"dramatiq {info.get('dramatiq', 'not installed')}, "
+        f"limits {info.get('limits', 'not installed')}, "
+        f"Celery {info.get('celery', 'not installed')}, "
         f"django-redislock {info['django_redislock']} @ {info['commit']}",
         f"server: Redis {info['redis_server']} ({info['redis_binary']}), TCP loopback; "
         f"date {info['date']}",

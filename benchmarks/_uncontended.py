@@ -127,6 +127,9 @@ class AdHocScript:
     """A script of this benchmark, run through our transport like one of ``scripts.py``'s (the
     transport needs its SHA1, its source for a ``NOSCRIPT``, and a way to name its errors)."""
 
+    #: Not a server command standing in for a script (``scripts.Command``): a script.
+    command: str | None = None
+
     def __init__(self, source: str, filename: str = "benchmark.lua") -> None:
         import hashlib
 

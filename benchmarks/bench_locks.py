@@ -5,14 +5,17 @@ Usage (from the repository root)::
     .venv/bin/python benchmarks/bench_locks.py                 # full run, ~12 min on 2 cores
     .venv/bin/python benchmarks/bench_locks.py --quick         # CI smoke run of every part
     .venv/bin/python benchmarks/bench_locks.py contended asyncio --json out.json --markdown out.md
+    make bench ARGS="--section rate"                           # one section (= naming it)
 
 Sections (positional names select some; default all): ``uncontended`` (1), ``contended`` (2),
 ``manykeys`` (3), ``watchdog`` (4), ``stats`` (5, measured inside ``uncontended``), ``memory``
 (6), ``asyncio`` (7), ``profile`` (where an uncontended cycle spends its time), ``semaphore``
 (8), and three that start servers of their own: ``cluster`` (9, 3-primary Redis Cluster vs one
 Redis), ``failover`` (10, SIGKILL of a primary on Cluster and Sentinel: seconds to the next
-acquisition), ``replicas`` (11, ``REDISLOCK["REPLICAS"] = 1`` vs 0). ``README.md`` in this
-folder describes the method and how to read every column.
+acquisition), ``replicas`` (11, ``REDISLOCK["REPLICAS"] = 1`` vs 0), and ``rate`` (12:
+``RateLimiter`` against dramatiq's and the ``limits`` library's Redis rate limiters, and
+``lock_rate`` against Celery's per-worker ``rate_limit`` on real ``celery worker`` processes).
+``README.md`` in this folder describes the method and how to read every column.
 
 Every figure comes from this one run, on one private redis-server, with its spread over the
 runs; the last thing printed is a Markdown block per section, ready to paste into the README,
@@ -27,6 +30,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,7 +39,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _aio, _contended, _held, _semaphore, _topology, _uncontended
+from benchmarks import _aio, _contended, _held, _rate, _semaphore, _topology, _uncontended
 from benchmarks import _common as c
 
 SECTIONS = (
@@ -51,6 +55,7 @@ SECTIONS = (
     "cluster",
     "failover",
     "replicas",
+    "rate",
 )
 
 
@@ -124,6 +129,20 @@ class Plan:
     #: their start-up is mostly waiting; a full run starts each when its section begins, so
     #: idle cluster nodes and sentinels never run next to another section's measurement).
     topo_prestart: bool = False
+    rate_runs: int = 3
+    rate_rounds: int = 2
+    rate_block: float = 1.0
+    rate_threads: int = 8
+    rate_count: int = 200
+    acc_procs: int = 8
+    acc_threads: int = 8
+    acc_limit: int = 100
+    acc_runs: int = 2
+    acc_duration: float = 4.0
+    #: Section 12c (real ``celery worker`` processes); 0 tasks leaves it out.
+    cel_workers: int = 4
+    cel_tasks: int = 200
+    cel_rate: int = 20
 
 
 FULL = Plan()
@@ -182,6 +201,17 @@ QUICK = Plan(
     rep_rounds=3,
     rep_cycles=40,
     topo_prestart=True,
+    rate_runs=1,
+    rate_rounds=1,
+    rate_block=0.1,
+    rate_count=20,
+    acc_procs=2,
+    acc_threads=2,
+    acc_runs=1,
+    acc_duration=1.0,
+    cel_workers=2,
+    cel_tasks=20,
+    cel_rate=10,
 )
 
 Tables = dict[str, tuple[list[str], list[list[str]]]]
@@ -469,6 +499,42 @@ class Run:
             )
         )
 
+    def rate(self) -> None:
+        p = self.plan
+        dec = self._fresh(
+            "benchmarks._rate:decisions",
+            timeout=900,
+            runs=p.rate_runs,
+            rounds=p.rate_rounds,
+            block=p.rate_block,
+            threads=p.rate_threads,
+            count=p.rate_count,
+        )
+        acc = _rate.run_accuracy(
+            self.pool,
+            self.pool.shared(p.acc_procs),
+            p.acc_threads,
+            p.acc_limit,
+            p.acc_runs,
+            p.acc_duration,
+        )
+        cel = None
+        if p.cel_tasks:
+            with tempfile.TemporaryDirectory(prefix="bench-rate-celery-") as logs:
+                cel = self._fresh(
+                    "benchmarks._rate:celery_throughput",
+                    timeout=600,
+                    workers=p.cel_workers,
+                    tasks=p.cel_tasks,
+                    rate=p.cel_rate,
+                    log_dir=logs,
+                )
+        self.results["rate"] = {"decisions": dec, "accuracy": acc, "celery": cel}
+        self._emit("rate", _rate.tables(dec, acc, cel), _rate.notes(dec, acc, cel))
+        self.checks += _rate.checks(acc)
+        errors = sum(run[p]["errors"] for run in acc["per_run"] for p in acc["peers"])
+        self.checks.append(("rate: no limiter raised under load (12b)", errors == 0))
+
     def close(self) -> None:
         try:
             self.pool.close()
@@ -498,6 +564,13 @@ def _terminate(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sections", nargs="*", metavar="SECTION", help=", ".join(SECTIONS))
+    parser.add_argument(
+        "--section",
+        action="append",
+        default=[],
+        metavar="SECTION",
+        help="run this section (repeatable; the same as naming it)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a CI smoke run")
     parser.add_argument("--json", metavar="PATH", help="write every figure as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="also write the Markdown block here")
@@ -516,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         help="failover: Sentinel down-after-milliseconds (default 2000)",
     )
     args = parser.parse_args(argv)
-    chosen = set(args.sections or SECTIONS)
+    chosen = set(args.sections + args.section or SECTIONS)
     bad = chosen - set(SECTIONS)
     if bad:
         parser.error(f"unknown sections: {', '.join(sorted(bad))}")

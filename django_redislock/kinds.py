@@ -379,6 +379,8 @@ class Decision:
     remaining: int
     retry_after_us: int
     reset_after_us: int
+    #: A refused request's place was booked (``reserve``): it may act in ``retry_after_us``.
+    booked: bool = False
 
 
 class RateKind:
@@ -411,8 +413,14 @@ class RateKind:
     def holder_key(self, target: Any, name: str) -> str:
         return target.keys.rate(name)  # type: ignore[no-any-return]
 
-    def decide_call(self, target: Any, name: str, n: int, native: str | None = None) -> Call:
+    def decide_call(
+        self, target: Any, name: str, n: int, native: str | None = None, reserve_us: int = 0
+    ) -> Call:
+        """``reserve_us``: book the place of a request that would have to wait at most this
+        long (the native command cannot book: the script does it)."""
         key = target.keys.rate(name)
+        if reserve_us:
+            return scripts.RATE, [key], [self.burst, self.interval_us, n, 0, reserve_us]
         if native is not None and self.period >= 1.0:
             # GCRA key max-burst tokens-per-period period TOKENS n (max-burst: beyond the first)
             args: list[Any] = [self.burst - 1, self.count, repr(float(self.period)), "TOKENS", n]
@@ -432,7 +440,7 @@ class RateKind:
                 reset_after_us=max(0, reset) * unit,
             )
         allowed, remaining, retry, reset = (int(v) for v in reply)
-        return Decision(bool(allowed), remaining, retry, reset)
+        return Decision(allowed == 1, remaining, retry, reset, booked=allowed == 2)
 
     def reset_call(self, target: Any, name: str) -> Call:
         return scripts.RATE_RESET, [target.keys.rate(name)], []

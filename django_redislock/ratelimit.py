@@ -232,6 +232,23 @@ class _Limiter:
                 raise RateLimited(self.name, retry_after)
             yield Sleep(retry_after + SLEEP_MARGIN)
 
+    def _book(
+        self, target: Any, n: int, max_wait: float
+    ) -> Generator[Call | Sleep, Any, float | None]:
+        """One decision that books a refused request's place if it comes within ``max_wait``:
+        the seconds to wait before acting (0.0: now), or ``None`` (nothing booked)."""
+        kind = self.kind
+        reserve_us = max(1, int(max_wait * 1_000_000))
+        script, keys, args = kind.decide_call(target, self.name, n, reserve_us=reserve_us)
+        action = f"book rate limit {self.name!r}"
+        reply = yield Call(script, keys, args, action, target.replicas, target.replicas_timeout_ms)
+        decision: Decision = kind.read_decision(reply)
+        booked = decision.allowed or decision.booked
+        stats.record(
+            self.using, self.stats_name, "allowed" if booked else "limited", name=self.name
+        )
+        return decision.retry_after_us / 1_000_000 if booked else None
+
     def _reset_call(self, target: Any) -> Call:
         script, keys, args = self.kind.reset_call(target, self.name)
         return Call(script, keys, args, f"reset rate limit {self.name!r}")
@@ -261,6 +278,21 @@ class RateLimiter(_Limiter):
     def acquire(self, n: int = 1, *, timeout: float | None = None) -> RateDecision:
         return self._run(self._check_n(n), True, _timeout(timeout))
 
+    def reserve(self, n: int = 1, *, max_wait: float) -> float | None:
+        """Take ``n`` places now for the earliest time they conform, if that is within
+        ``max_wait`` seconds: returns the seconds to wait before acting (0.0: at once), or
+        ``None`` when it would be later (nothing taken).
+
+        For work that is *scheduled* rather than slept for: a task run over the rate is
+        re-published for exactly its booked time, so a burst of throttled runs comes back one
+        place apart instead of all at once. A booked place that is not used is lost (the strict
+        side). Always decided by the script (the native command cannot book).
+        """
+        n = self._check_n(n)
+        wait = check_seconds(max_wait, "max_wait")
+        target = self._target()
+        return drive_simple(self._book(target, n, wait or 0.0), target)  # type: ignore[no-any-return]
+
     def reset(self) -> None:
         target = self._target()
         drive_simple(_one(self._reset_call(target)), target)
@@ -283,6 +315,13 @@ class AsyncRateLimiter(_Limiter):
 
     async def acquire(self, n: int = 1, *, timeout: float | None = None) -> RateDecision:
         return await self._run(self._check_n(n), True, _timeout(timeout))
+
+    async def reserve(self, n: int = 1, *, max_wait: float) -> float | None:
+        """:meth:`RateLimiter.reserve`, awaitable."""
+        n = self._check_n(n)
+        wait = check_seconds(max_wait, "max_wait")
+        target = self._target()
+        return await adrive_simple(self._book(target, n, wait or 0.0), target)  # type: ignore[no-any-return]
 
     async def reset(self) -> None:
         target = self._target()

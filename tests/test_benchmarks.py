@@ -37,6 +37,9 @@ TITLES = (
     "#### 9.",
     "#### 10.",
     "#### 11.",
+    "#### 12a.",
+    "#### 12b.",
+    "#### 12c.",
 )
 
 
@@ -125,6 +128,7 @@ def test_quick_run_of_every_section(tmp_path: Path) -> None:
         "cluster",
         "failover",
         "replicas",
+        "rate",
     }
     plan = data["plan"]
     assert len(results["uncontended"]["per_run"]) == plan["uc_runs"]
@@ -171,6 +175,26 @@ def test_quick_run_of_every_section(tmp_path: Path) -> None:
     replicas = results["replicas"]
     assert len(replicas["per_run"]) == plan["rep_runs"]
     assert replicas["round_trips"]["django-redislock REPLICAS=1"] == 2  # WAIT rides along
+    rate = results["rate"]
+    decisions = rate["decisions"]
+    assert len(decisions["per_run"]) == plan["rate_runs"]
+    assert "dramatiq BucketRateLimiter" in decisions["peers"], decisions["missing"]
+    assert "limits moving window" in decisions["peers"], decisions["missing"]
+    for run in decisions["per_run"]:  # every peer decided, in both regimes and thread counts
+        for key, row in run.items():
+            assert row["per_s_1"] > 0 and row["per_s_n"] > 0, key
+            assert row["errors_1"] == 0 and row["errors_n"] == 0, key
+    accuracy = rate["accuracy"]
+    assert len(accuracy["per_run"]) == plan["acc_runs"]
+    for run in accuracy["per_run"]:
+        for peer in accuracy["peers"]:
+            assert run[peer]["allowed_per_s"] > 0 and run[peer]["errors"] == 0, peer
+        for peer, burst in accuracy["bursts"].items():  # GCRA: never above limit x 1 s + burst
+            assert run[peer]["certain_1s"] <= accuracy["limit"] + burst, peer
+    celery = rate["celery"]
+    assert celery["workers"] == plan["cel_workers"]
+    for limit, figures in celery["results"].items():  # every task ran, under either limit
+        assert figures["completed"] == celery["tasks"], limit
     numbers = _numbers(results)
     assert numbers and not any(math.isinf(x) for x in numbers)
 
@@ -212,3 +236,18 @@ def test_a_call_the_dying_primary_answered_is_not_a_recovery() -> None:
     assert figures["outage_s"] == pytest.approx(2.01)
     assert figures["failed_calls"] == 1
     assert figures["errors_after_recovery"] == 0
+
+
+def test_a_window_counts_what_the_server_certainly_admitted_inside_it() -> None:
+    # Section 12b: an admission happened somewhere between the call and the return; only the
+    # spans wholly inside a window surely count against the limit (a lower bound: no false alarm).
+    import importlib
+
+    rate = importlib.import_module("benchmarks._rate")
+    spans = [(0.0, 0.1), (0.5, 0.6), (0.95, 1.05), (1.2, 1.3)]
+    assert rate.most_in_window([0.05, 0.55, 1.0, 1.25], 1.0) == 3  # midpoints 0.55 .. 1.25
+    assert rate.most_certainly_in_window(spans, 1.0) == 3  # [0.5, 1.5] holds the last three
+    assert rate.most_certainly_in_window(spans, 0.5) == 2
+    figures = rate.accuracy_figures(spans, 0.0, 2.0)
+    assert figures["fixed_max"] == 2 and figures["fixed_mean"] == 2.0
+    assert figures["allowed_per_s"] == 2.0

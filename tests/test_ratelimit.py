@@ -207,6 +207,45 @@ def test_rate_limited_survives_pickling():
     assert (again.name, again.retry_after, str(again)) == ("x", 1.5, str(RateLimited("x", 1.5)))
 
 
+def test_reserve_books_places_one_interval_apart():
+    limiter = RateLimiter("booked", "10/s", burst=2)
+    waits = [limiter.reserve(max_wait=1.0) for _ in range(5)]
+    assert waits[:2] == [0.0, 0.0]
+    assert [round(w, 2) for w in waits[2:]] == [0.1, 0.2, 0.3]  # type: ignore[arg-type]
+    # Booked places are taken: a plain request now waits behind them.
+    assert 0.39 < limiter.try_acquire().retry_after <= 0.4
+
+
+def test_reserve_beyond_max_wait_takes_nothing():
+    limiter = RateLimiter("not-booked", "1/s")
+    assert limiter.reserve(max_wait=5) == 0.0
+    assert limiter.reserve(max_wait=0.5) is None
+    wait = limiter.reserve(max_wait=5)
+    assert wait is not None and 0.9 < wait <= 1.0
+
+
+def test_reserve_is_refused_hostile_waits():
+    limiter = RateLimiter("hostile-wait", "1/s")
+    bad_waits: list[tuple[object, type[Exception]]] = [
+        (math.nan, ValueError),
+        (-1, ValueError),
+        (None, TypeError),
+    ]
+    for bad, error in bad_waits:
+        with pytest.raises(error):
+            limiter.reserve(max_wait=bad)  # type: ignore[arg-type]
+
+
+def test_async_reserve_shares_the_places():
+    async def go() -> list[float | None]:
+        limiter = AsyncRateLimiter("async-booked", "10/s")
+        return [await limiter.reserve(max_wait=1) for _ in range(3)]
+
+    waits = asyncio.run(go())
+    assert waits[0] == 0.0
+    assert [round(w or 0, 2) for w in waits[1:]] == [0.1, 0.2]
+
+
 def test_reset_forgets_the_history():
     limiter = RateLimiter("reset", "1/h")
     assert limiter.try_acquire()
