@@ -90,6 +90,11 @@ class KeySpace:
         """A rate limiter's state (GCRA's theoretical arrival time), expiring when rested."""
         return f"{self.namespace}:rate:{{{tag_of(name)}}}"
 
+    def rate_schedule(self, name: str) -> str:
+        """Where the runs a rate limiter turned away are spaced out (see
+        :meth:`django_redislock.ratelimit.RateLimiter.schedule`); not listed."""
+        return f"{self.namespace}:ratesched:{{{tag_of(name)}}}"
+
     def waiters(self, name: str) -> str:
         """Hash of a lock's queue entries (waiter id -> expiry, owner, lease, metadata)."""
         return f"{self.namespace}:waiters:{{{tag_of(name)}}}"

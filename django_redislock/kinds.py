@@ -414,11 +414,18 @@ class RateKind:
         return target.keys.rate(name)  # type: ignore[no-any-return]
 
     def decide_call(
-        self, target: Any, name: str, n: int, native: str | None = None, reserve_us: int = 0
+        self,
+        target: Any,
+        name: str,
+        n: int,
+        native: str | None = None,
+        reserve_us: int = 0,
+        key: str | None = None,
     ) -> Call:
         """``reserve_us``: book the place of a request that would have to wait at most this
-        long (the native command cannot book: the script does it)."""
-        key = target.keys.rate(name)
+        long (the native command cannot book: the script does it). ``key``: another key than
+        the limiter's own (its schedule)."""
+        key = key or target.keys.rate(name)
         if reserve_us:
             return scripts.RATE, [key], [self.burst, self.interval_us, n, 0, reserve_us]
         if native is not None and self.period >= 1.0:

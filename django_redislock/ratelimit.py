@@ -233,20 +233,22 @@ class _Limiter:
             yield Sleep(retry_after + SLEEP_MARGIN)
 
     def _book(
-        self, target: Any, n: int, max_wait: float
+        self, target: Any, n: int, max_wait: float, *, schedule: bool = False
     ) -> Generator[Call | Sleep, Any, float | None]:
         """One decision that books a refused request's place if it comes within ``max_wait``:
-        the seconds to wait before acting (0.0: now), or ``None`` (nothing booked)."""
+        the seconds to wait before acting (0.0: now), or ``None`` (nothing booked).
+        ``schedule``: on the limiter's schedule, not its own state (no statistics)."""
         kind = self.kind
         reserve_us = max(1, int(max_wait * 1_000_000))
-        script, keys, args = kind.decide_call(target, self.name, n, reserve_us=reserve_us)
+        key = target.keys.rate_schedule(self.name) if schedule else None
+        script, keys, args = kind.decide_call(target, self.name, n, reserve_us=reserve_us, key=key)
         action = f"book rate limit {self.name!r}"
         reply = yield Call(script, keys, args, action, target.replicas, target.replicas_timeout_ms)
         decision: Decision = kind.read_decision(reply)
         booked = decision.allowed or decision.booked
-        stats.record(
-            self.using, self.stats_name, "allowed" if booked else "limited", name=self.name
-        )
+        if not schedule:
+            event = "allowed" if booked else "limited"
+            stats.record(self.using, self.stats_name, event, name=self.name)
         return decision.retry_after_us / 1_000_000 if booked else None
 
     def _reset_call(self, target: Any) -> Call:
@@ -292,6 +294,24 @@ class RateLimiter(_Limiter):
         wait = check_seconds(max_wait, "max_wait")
         target = self._target()
         return drive_simple(self._book(target, n, wait or 0.0), target)  # type: ignore[no-any-return]
+
+    def schedule(self, *, after: float, max_wait: float) -> float:
+        """When to come back, for work turned away now and put off rather than slept for
+        (a task run re-published): at least ``after`` seconds (the refusal's retry-after), and
+        one place of this rate after every other run put off so far — so a backlog of runs
+        turned away together comes back spread out at the rate, instead of all at once to be
+        turned away again but one.
+
+        The places are booked on a schedule beside the limiter (``<ns>:ratesched:{name}``),
+        never on the limiter itself: each run still asks :meth:`try_acquire` when it comes
+        back, so a run that arrives late or early never passes beyond the rate. Beyond
+        ``max_wait`` the schedule is not booked and ``after`` is returned.
+        """
+        after = check_seconds(after, "after") or 0.0
+        wait = check_seconds(max_wait, "max_wait") or 0.0
+        target = self._target()
+        booked = drive_simple(self._book(target, 1, wait, schedule=True), target)
+        return after if booked is None else max(after, booked)
 
     def reset(self) -> None:
         target = self._target()

@@ -175,6 +175,11 @@ PERMIT_BACKOFF = 1.0
 #: Seconds an unclaimed debounce record outlives its due time when ``lock_queue_timeout`` is not
 #: set (its message may wait that long for a worker; the rescue keeps publishing it meanwhile).
 DEBOUNCE_KEEP = 3600.0
+#: Seconds ahead a run over a rate may be scheduled (:meth:`RateLimiter.schedule`): runs
+#: further behind are re-published after the rate's retry-after and scheduled when they come
+#: back. Kept well below the brokers' visibility timeouts (Redis: one hour), beyond which a
+#: message waiting for its countdown is delivered twice.
+SCHEDULE_HORIZON = 600.0
 #: Reasons of a :class:`Deferred` run that count as ``throttled``.
 THROTTLE_REASONS = ("lock_rate", "task_rate", "task_permits")
 
@@ -802,14 +807,18 @@ def _take_limits(flight: Flight) -> None:
     """The flow-control step of :func:`begin`: per-key rate, task rate, task permit (in that
     order: a key over its own rate spends none of the task's). Raises :class:`_OverLimit`."""
     rules = flight.rules
-    if rules.rate is not None:
-        decision = RateLimiter(flight.key, rules.rate, using=rules.using).try_acquire()
+    for reason, name, rate in (
+        ("lock_rate", flight.key, rules.rate),
+        ("task_rate", rules.task, rules.task_rate),
+    ):
+        if rate is None:
+            continue
+        limiter = RateLimiter(name, rate, using=rules.using)
+        decision = limiter.try_acquire()
         if not decision.allowed:
-            raise _OverLimit("lock_rate", decision.retry_after)
-    if rules.task_rate is not None:
-        decision = RateLimiter(rules.task, rules.task_rate, using=rules.using).try_acquire()
-        if not decision.allowed:
-            raise _OverLimit("task_rate", decision.retry_after)
+            # Spread a backlog out at the rate (each still asks again when it comes back).
+            later = limiter.schedule(after=decision.retry_after, max_wait=SCHEDULE_HORIZON)
+            raise _OverLimit(reason, later)
     if rules.task_permits is not None:
         owner = run_owner(flight.flight_id, flight.attempt)
         options = {**_run_options(rules, owner, flight.flight_id), "stats_name": None}

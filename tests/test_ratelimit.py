@@ -246,6 +246,21 @@ def test_async_reserve_shares_the_places():
     assert [round(w or 0, 2) for w in waits[1:]] == [0.1, 0.2]
 
 
+def test_schedule_spreads_a_backlog_at_the_rate_and_leaves_the_limiter_alone(redis_client):
+    limiter = RateLimiter("backlog", "10/s")
+    assert limiter.try_acquire()
+    refused = limiter.try_acquire()
+    comebacks = [limiter.schedule(after=refused.retry_after, max_wait=60) for _ in range(5)]
+    assert comebacks[0] == refused.retry_after  # the first place is free: the retry-after
+    assert [round(c, 1) for c in comebacks[1:]] == [0.1, 0.2, 0.3, 0.4]
+    # The limiter itself was not touched, and the schedule is not a limiter of its own.
+    assert 0 < limiter.try_acquire().retry_after <= refused.retry_after
+    assert [i.name for i in list_locks()] == ["backlog"]
+    assert redis_client.exists(keyspace().rate_schedule("backlog")) == 1
+    # Beyond the horizon nothing is booked: back after the retry-after.
+    assert limiter.schedule(after=0.05, max_wait=0.01) == 0.05
+
+
 def test_reset_forgets_the_history():
     limiter = RateLimiter("reset", "1/h")
     assert limiter.try_acquire()
