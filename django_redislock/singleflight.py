@@ -75,6 +75,7 @@ success rate of a task whose duplicates were folded stays at 100 %.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import random
@@ -459,6 +460,10 @@ class Ticket:
     token: int | None = None
     holds: int | None = 0
     attempt: int = 0
+    #: The message was put off by a rate and spread on its schedule already
+    #: (:meth:`~django_redislock.ratelimit.RateLimiter.schedule`): turned away again, it comes
+    #: back after the plain retry-after instead of queueing behind the schedule anew.
+    scheduled: bool = False
 
 
 @dataclass(frozen=True)
@@ -749,9 +754,9 @@ def begin(
         return _begin_debounced(rules, key, flight_id, ticket, attempt)
     flight = _enter_mode(rules, key, flight_id, ticket, attempt)
     try:
-        _take_limits(flight)
+        _take_limits(flight, ticket)
     except _OverLimit as over:
-        kept = _put_back(flight, ticket, over.countdown, requeue)
+        kept = _scheduled(_put_back(flight, ticket, over.countdown, requeue), over)
         raise Deferred(key, over.reason, over.countdown, kept) from None
     except BaseException:
         end(flight)
@@ -803,7 +808,14 @@ def _enter_mode(
     return flight
 
 
-def _take_limits(flight: Flight) -> None:
+def _scheduled(kept: Any, over: _OverLimit) -> Any:
+    """The ticket of a run put off by a rate says so (see :attr:`Ticket.scheduled`)."""
+    if isinstance(kept, Ticket) and over.reason in ("lock_rate", "task_rate"):
+        return dataclasses.replace(kept, scheduled=True)
+    return kept
+
+
+def _take_limits(flight: Flight, ticket: Ticket | None = None) -> None:
     """The flow-control step of :func:`begin`: per-key rate, task rate, task permit (in that
     order: a key over its own rate spends none of the task's). Raises :class:`_OverLimit`."""
     rules = flight.rules
@@ -816,6 +828,9 @@ def _take_limits(flight: Flight) -> None:
         limiter = RateLimiter(name, rate, using=rules.using)
         decision = limiter.try_acquire()
         if not decision.allowed:
+            if ticket is not None and ticket.scheduled:
+                # Back from the schedule, and a hair early or late: the plain retry-after.
+                raise _OverLimit(reason, decision.retry_after)
             # Spread a backlog out at the rate (each still asks again when it comes back).
             later = limiter.schedule(after=decision.retry_after, max_wait=SCHEDULE_HORIZON)
             raise _OverLimit(reason, later)
@@ -907,7 +922,7 @@ def _begin_debounced(
             )
         raise Deferred(key, "busy", countdown, here) from None
     try:
-        _take_limits(flight)
+        _take_limits(flight, ticket)
         if attempt > 0:
             return flight
         claimed = debounce.claim(rules.using, rules.task, key, flight_id, quiet=quiet, most=most)
@@ -922,7 +937,7 @@ def _begin_debounced(
                 delay=over.countdown,
                 keep=rules.debounce_keep,
             )
-        raise Deferred(key, over.reason, over.countdown, here) from None
+        raise Deferred(key, over.reason, over.countdown, _scheduled(here, over)) from None
     except BaseException:
         end(flight)
         raise

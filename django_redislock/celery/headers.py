@@ -18,6 +18,7 @@ __all__ = [
     "HEADER_ATTEMPT",
     "HEADER_HOLDS",
     "HEADER_KEY",
+    "HEADER_SCHEDULED",
     "HEADER_TOKEN",
     "HEADER_USING",
     "headers_of",
@@ -37,7 +38,17 @@ HEADER_USING = "redislock_using"
 #: per attempt (see :mod:`django_redislock.singleflight`).
 HEADER_ATTEMPT = "redislock_attempt"
 
-HEADERS = (HEADER_KEY, HEADER_TOKEN, HEADER_HOLDS, HEADER_USING, HEADER_ATTEMPT)
+#: The message was put off by a rate and spread on its schedule (``Ticket.scheduled``).
+HEADER_SCHEDULED = "redislock_scheduled"
+
+HEADERS = (
+    HEADER_KEY,
+    HEADER_TOKEN,
+    HEADER_HOLDS,
+    HEADER_USING,
+    HEADER_ATTEMPT,
+    HEADER_SCHEDULED,
+)
 
 
 def headers_of(request: Any) -> Mapping[str, Any]:
@@ -59,6 +70,7 @@ def ticket_headers(ticket: Ticket, using: str | None) -> dict[str, Any]:
         HEADER_HOLDS: ticket.holds,
         HEADER_USING: using,
         HEADER_ATTEMPT: ticket.attempt,
+        HEADER_SCHEDULED: ticket.scheduled,
     }
 
 
@@ -69,4 +81,5 @@ def ticket_of(headers: Mapping[str, Any], key: str) -> Ticket:
         headers.get(HEADER_TOKEN),
         headers.get(HEADER_HOLDS) or 0,
         headers.get(HEADER_ATTEMPT) or 0,
+        bool(headers.get(HEADER_SCHEDULED)),
     )
