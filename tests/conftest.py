@@ -48,6 +48,7 @@ SLOW_FIXTURES = frozenset(
 TOPOLOGY_FILES = frozenset(
     {
         "test_cluster.py",
+        "test_cluster_flow.py",
         "test_sentinel.py",
         "test_redlock.py",
         "test_harness.py",
