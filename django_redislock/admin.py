@@ -41,11 +41,11 @@ from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.admin.utils import quote
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import escape
@@ -57,6 +57,7 @@ from django.utils.translation import gettext_lazy, ngettext
 from django_redislock import charts, stats
 from django_redislock.exceptions import LockBackendError
 from django_redislock.models import Lock
+from django_redislock.naming import stats_shape
 from django_redislock.operations import (
     SORTS,
     BackendProblem,
@@ -65,6 +66,7 @@ from django_redislock.operations import (
     force_release_info,
     lock_holders,
     page_locks,
+    reset_rate_limit,
 )
 
 __all__ = ["LockAdmin", "decode_name", "encode_name", "register"]
@@ -210,11 +212,18 @@ class Row:
 
     @property
     def holder(self) -> str:
+        if self.is_rate:
+            return _("rate limiter (nobody holds it)")
         return holder_text(self.info)
 
     @property
+    def is_rate(self) -> bool:
+        """A rate limiter: nothing to force-release (it is reset from its own page)."""
+        return self.info.kind == "rate"
+
+    @property
     def held_for(self) -> str:
-        return "-" if self.info.unreadable else duration(self.info.held_for)
+        return "-" if self.info.unreadable or self.is_rate else duration(self.info.held_for)
 
     @property
     def expires_in(self) -> str:
@@ -270,6 +279,7 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_template = "django_redislock/admin/lock_list.html"
     detail_template = "django_redislock/admin/lock_detail.html"
     confirmation_template = "django_redislock/admin/force_release_confirmation.html"
+    reset_template = "django_redislock/admin/rate_reset_confirmation.html"
     stats_template = "django_redislock/admin/lock_stats.html"
 
     # -- permissions -------------------------------------------------------------------------
@@ -309,6 +319,9 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             path("statistics/", wrap(self.statistics_view), name=f"{prefix}_statistics"),
             # "change" is the name the admin (and LogEntry.get_admin_url) links objects by.
             path("<path:object_id>/change/", wrap(self.detail_view), name=f"{prefix}_change"),
+            path(
+                "<path:object_id>/reset-rate/", wrap(self.reset_rate_view), name=f"{prefix}_reset"
+            ),
         ]
 
     def _url(self, name: str, *args: Any) -> str:
@@ -567,11 +580,15 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             context = self._context(request, name, lock_name=name, problem=self._problem(exc))
             return self._render(request, self.detail_template, context)
         rows = [Row(info, "") for info in holders]
+        limiter = next((row for row in rows if row.is_rate), None)
         context = self._context(
             request,
             name,
             lock_name=name,
-            rows=rows,
+            rows=[row for row in rows if not row.is_rate],
+            limiter=limiter,
+            rate=self._rate_figures(name) if limiter is not None else None,
+            reset_url=self._url("reset", encode_name(name)),
             # One holder for a lock; kept for templates that show a single one.
             info=holders[0] if holders else None,
             row=rows[0] if rows else None,
@@ -580,6 +597,57 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             action_checkbox_name=ACTION_CHECKBOX_NAME,
         )
         return self._render(request, self.detail_template, context, status=200 if rows else 404)
+
+    def _rate_figures(self, name: str) -> RateFigures:
+        """What a rate limiter allowed and refused, by minute (its statistics row)."""
+        figures = stats.get_stats(stats_shape(name), using=self.using, series=True)
+        minutes = figures.per_minute if figures is not None else ()
+        return RateFigures(
+            last=minutes[-2] if len(minutes) >= 2 else None,
+            current=minutes[-1] if minutes else None,
+            throttled=figures.throttled if figures is not None else 0,
+        )
+
+    # -- rate limiter reset ---------------------------------------------------------------------
+    def reset_rate_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST only: a confirmation page, then (``post=yes``) the reset and its audit entry.
+
+        The same permission as a force release, checked here on every request."""
+        self._require(self.has_force_release_permission(request))
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        name = decode_name(object_id)
+        detail = self.detail_url(name)
+        if request.POST.get("post") != "yes":
+            context = self._context(
+                request, _("Reset rate limiter?"), lock_name=name, detail_url=detail
+            )
+            return self._render(request, self.reset_template, context)
+        try:
+            reset = reset_rate_limit(name, using=self.using)
+        except LockBackendError as exc:
+            self.message_user(request, self._unreachable_message(exc), messages.ERROR)
+            return HttpResponseRedirect(detail)
+        if reset:
+            content_type = ContentType.objects.get_for_model(self.model, for_concrete_model=False)
+            LogEntry.objects.create(
+                user_id=request.user.pk,
+                content_type_id=content_type.pk,
+                object_id=name,
+                object_repr=name[:200],
+                action_flag=CHANGE,
+                change_message="Reset rate limiter (its history was forgotten).",
+            )
+            self.message_user(
+                request, _("Reset rate limiter “%(name)s”.") % {"name": name}, messages.SUCCESS
+            )
+        else:
+            self.message_user(
+                request,
+                _("Rate limiter “%(name)s” had no history to reset.") % {"name": name},
+                messages.WARNING,
+            )
+        return HttpResponseRedirect(self._url("changelist"))
 
     def statistics_view(self, request: HttpRequest) -> HttpResponse:
         self._require(self.has_view_permission(request))
@@ -629,6 +697,20 @@ def _holder_with(holders: list[LockInfo], token: int) -> LockInfo | None:
         if info.fencing_token == token:
             return info
     return holders[0] if holders else None
+
+
+@dataclass(frozen=True)
+class RateFigures:
+    """A rate limiter's decisions by minute: the last whole minute and the current one."""
+
+    last: stats.Minute | None
+    current: stats.Minute | None
+    throttled: int
+
+    @property
+    def per_minute(self) -> str:
+        """The current rate: requests allowed in the last whole minute, per minute."""
+        return f"{self.last.acquired}/min" if self.last is not None else "-"
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,37 @@ def test_operator_force_releases_a_lock_held_by_another_process(
             proc.stdout.close()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_operator_resets_a_rate_limiter_from_its_page(live_server, browser_page, operator):
+    from playwright.sync_api import expect
+
+    from django_redislock import RateLimiter
+
+    limiter = RateLimiter("partner-api", "1/h")
+    assert limiter.try_acquire()
+    assert not limiter.try_acquire()
+    page = browser_page
+    page.goto(f"{live_server.url}/admin/")
+    page.fill("#id_username", "ops")
+    page.fill("#id_password", "s3cret-pass")
+    page.click("input[type=submit]")
+    page.get_by_role("link", name="Locks", exact=True).click()
+    row = page.locator("#result_list tbody tr", has_text="partner-api")
+    expect(row.locator(".field-owner")).to_contain_text("rate limiter")
+    expect(row.locator("input.action-select")).to_have_count(0)
+    row.get_by_role("link", name="partner-api").click()
+    expect(page.locator("#rate-detail")).to_contain_text("Rested in")
+    page.locator("#rate-reset").click()
+    expect(page.locator("#content-main")).to_contain_text("Are you sure you want to reset")
+    assert not limiter.try_acquire()  # nothing happens before confirming
+    page.screenshot(path=str(ARTIFACTS / "admin_rate_reset_confirm.png"), full_page=True)
+    page.locator("#confirm-reset").click()
+    expect(page.locator("ul.messagelist")).to_contain_text("Reset rate limiter “partner-api”.")
+    assert limiter.try_acquire()
+    entry = LogEntry.objects.get()
+    assert (entry.user_id, entry.object_id) == (operator.pk, "partner-api")
+
+
 # -- names a browser would rewrite ---------------------------------------------------------------
 
 

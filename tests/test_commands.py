@@ -651,3 +651,41 @@ def test_run_skip_escapes_the_holder_it_reports():
     [line] = out.splitlines()
     assert line.startswith("Skipped: lock 'cron\\nforged' is busy (held by ")
     assert " thread worker\\tforged\\nline, " in line
+
+
+# -- rate limiters (issue 30) ----------------------------------------------------------------------
+
+
+def test_list_shows_rate_limiters_as_such_in_text_and_json():
+    from django_redislock import RateLimiter
+
+    RateLimiter("geo\tcoder", "1/m").try_acquire()
+    with Lock("a-lock", timeout=30):
+        text = run("redislock", "list", "--sort", "name")
+        lines = [json.loads(line) for line in run("redislock", "list", "--json").splitlines()]
+    assert text.splitlines()[1].startswith("geo\\tcoder\trate limiter\trested_in=")
+    assert sorted((d["name"], d["kind"]) for d in lines) == [
+        ("a-lock", "lock"),
+        ("geo\tcoder", "rate"),
+    ]
+
+
+def test_reset_rate_forgets_a_limiters_history_and_says_when_there_was_none():
+    from django_redislock import RateLimiter
+
+    limiter = RateLimiter("nightly-export", "1/h")
+    assert limiter.try_acquire()
+    assert (
+        run("redislock", "reset-rate", "nightly-export") == "Reset rate limiter nightly-export.\n"
+    )
+    assert limiter.try_acquire()
+    limiter.reset()
+    with pytest.raises(CommandError, match="Nothing reset: rate limiter nightly-export has no"):
+        run("redislock", "reset-rate", "nightly-export")
+    with pytest.raises(CommandError, match="needs the NAME"):
+        run("redislock", "reset-rate")
+
+
+def test_reset_rate_with_redis_down_is_one_line():
+    line = error_line(manage("redislock", "reset-rate", "x", **dead_redis()))
+    assert "Redis is unreachable" in line

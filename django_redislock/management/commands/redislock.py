@@ -4,6 +4,7 @@ Subcommands::
 
     manage.py redislock list [--match GLOB] [--sort KEY] [--json] [--using ALIAS]
     manage.py redislock release NAME [--token N] [--using ALIAS]
+    manage.py redislock reset-rate NAME [--using ALIAS]
     manage.py redislock stats [NAME_OR_TEMPLATE] [--json] [--using ALIAS]
     manage.py redislock run --name NAME [--wait S | --skip] [--timeout T] [--grace G]
         [--using ALIAS] -- COMMAND [ARG ...]
@@ -12,6 +13,9 @@ Subcommands::
 "No lock is held." when there is none (nothing with ``--json`` or ``-v 0``). ``release`` exits with
 status 1 when nothing was released (no such lock, or ``--token`` no longer
 matches), so scripts can tell "done" from "nothing to do"; usage errors exit with status 2.
+``list`` shows rate limiters that have a history too (``NAME<tab>rate limiter<tab>rested_in=…``;
+``--json``: ``"kind": "rate"``); ``reset-rate`` forgets one's history (status 1 when it had
+none), as the admin's Reset button does.
 ``list`` and ``release`` use the same :mod:`~django_redislock.operations` as the admin: the same
 paging and sort orders, and a release that reports the holder the release script removed (never
 a holder read before or after it). Waiters are woken and the release is signalled, but no
@@ -60,11 +64,12 @@ from django_redislock.operations import (
     force_release_info,
     get_lock_info,
     page_locks,
+    reset_rate_limit,
 )
 
 logger = logging.getLogger("django_redislock")
 
-SUBCOMMANDS = ("list", "release", "stats", "run")
+SUBCOMMANDS = ("list", "release", "reset-rate", "stats", "run")
 #: Locks per SCAN page while listing without ``--sort``.
 LIST_PAGE = 500
 
@@ -146,15 +151,16 @@ class Command(BaseCommand):
         parser.add_argument(
             "subcommand",
             choices=SUBCOMMANDS,
-            help="list: active locks; release: force-release one lock; "
+            help="list: active locks (and rate limiters); release: force-release one lock; "
+            "reset-rate: forget a rate limiter's history; "
             "stats: acquisition statistics; run: run -- COMMAND as a single instance.",
         )
         parser.add_argument(
             "name",
             nargs="?",
             default=None,
-            help="release: the lock name (exact). stats: a lock name or key "
-            "template (default: all).",
+            help="release: the lock name (exact). reset-rate: the rate limiter's name (exact). "
+            "stats: a lock name or key template (default: all).",
         )
         parser.add_argument(
             "--match",
@@ -231,7 +237,7 @@ class Command(BaseCommand):
         misplaced = [
             flag
             for flag, dest, allowed in (
-                ("NAME", "name", ("release", "stats", "run")),  # run: explains itself
+                ("NAME", "name", ("release", "reset-rate", "stats", "run")),  # run: explains itself
                 ("--match", "match", ("list",)),
                 ("--sort", "sort", ("list",)),
                 ("--token", "token", ("release",)),
@@ -252,10 +258,14 @@ class Command(BaseCommand):
             raise CommandError(
                 "'redislock release' needs the NAME of the lock to release.", returncode=2
             )
+        if subcommand == "reset-rate" and not options["name"]:
+            raise CommandError(
+                "'redislock reset-rate' needs the NAME of the rate limiter to reset.", returncode=2
+            )
         if subcommand == "run":
             self._check_run_usage(options)
         try:
-            getattr(self, f"handle_{subcommand}")(**options)
+            getattr(self, f"handle_{subcommand.replace('-', '_')}")(**options)
         except LockBackendError as exc:
             raise CommandError(backend_problem(exc, using=options["using"]).summary()) from exc
         except (LockError, ImproperlyConfigured) as exc:
@@ -272,7 +282,7 @@ class Command(BaseCommand):
         **options: Any,
     ) -> None:
         listed = 0
-        seen: set[tuple[str, int]] = set()
+        seen: set[tuple[str, str, int]] = set()
         cursor = 0
         while True:
             # Sorted: one page of everything; unsorted: SCAN pages, streamed as they come.
@@ -284,9 +294,9 @@ class Command(BaseCommand):
                 using=using,
             )
             for info in page.infos:
-                if (info.name, info.fencing_token) in seen:
+                if (info.kind, info.name, info.fencing_token) in seen:
                     continue  # SCAN may return a key again on a later page
-                seen.add((info.name, info.fencing_token))
+                seen.add((info.kind, info.name, info.fencing_token))
                 listed += 1
                 if as_json:
                     self.stdout.write(_dumps(_json_fields(info)))
@@ -321,6 +331,12 @@ class Command(BaseCommand):
                 holder,
             )
             self.stdout.write(f"Released lock {name!r} (was held by {holder}).")
+
+    def handle_reset_rate(self, *, name: str, using: str | None, **options: Any) -> None:
+        if not reset_rate_limit(name, using=using):
+            raise CommandError(f"Nothing reset: rate limiter {escape(name)} has no history.")
+        logger.warning("django_redislock: rate limiter %r reset from the command line.", name)
+        self.stdout.write(f"Reset rate limiter {escape(name)}.")
 
     def handle_stats(
         self, *, name: str | None, as_json: bool, using: str | None, **options: Any
@@ -498,6 +514,8 @@ def _dumps(data: dict[str, Any]) -> str:
 
 def _text_line(info: LockInfo) -> str:
     expires = f"{info.expires_in:.1f}s" if info.expires else "never"
+    if info.kind == "rate":
+        return f"{info.name}\trate limiter\trested_in={expires}"
     if info.unreadable:
         return f"{info.name}\tunreadable\texpires_in={expires}\tvalue={info.raw_excerpt!r}"
     if info.queued:
