@@ -45,6 +45,17 @@ What is checked, and why each check is sound (no false alarm on a correct lock):
     of the name: an earlier unknown outcome (lost reply, cancellation) left a hold in Redis that
     the client never heard of; it is re-entered, its token reused, and it outlives its user.
     One violation per orphaned hold (owner, name, token), however often it is re-entered.
+``over_limit`` — a rate limiter allowed more than its rate (issue 30). Decision calls
+    (``op="decide"``, outcome ``allowed``/``refused``/``error``) of a limiter of ``count`` per
+    ``period`` with ``burst`` (GCRA: one request per ``period / count``, ``burst`` at once after a
+    quiet period) are checked in windows of one period starting at each allowed call: the allowed
+    calls whose *whole* call interval lies in ``[t, t + period]`` must number at most
+    ``burst + count``. Sound: each allowance happened on the server at an instant inside its
+    call, so those all happened within one span of ``period``, in which GCRA allows at most
+    ``burst + floor(period / interval)``. A decision whose reply was lost is an ``error``: the
+    caller did not act on it, so it is not counted (the limiter errs on the strict side). With
+    ``exclusion_across_failovers=False`` a window that contains a failover is counted apart
+    (``exempt_over_limit``): a failover that loses writes forgets the allowances among them.
 ``incomplete`` — the history cannot be trusted: a worker crashed, neither exited cleanly nor
     was killed by the test, or left a hold it never released.
 
@@ -84,7 +95,7 @@ __all__ = [
 ]
 
 #: Violation kinds, in the order reports list them.
-KINDS = ("overlap", "token", "leftover", "unresolved", "orphan", "incomplete")
+KINDS = ("overlap", "token", "over_limit", "leftover", "unresolved", "orphan", "incomplete")
 
 #: How long a queue entry outlives its waiter's deadline (``django_redislock.engine.ENTRY_MARGIN``,
 #: not imported: this module must load without Django configured).
@@ -483,6 +494,10 @@ class Report:
     leftovers: int = 0
     leftovers_allowed: int = 0
     exempt_overlaps: int = 0
+    #: Rate limiter decisions checked, those allowed, and over-limit windows across a failover.
+    decisions: int = 0
+    allowed: int = 0
+    exempt_over_limit: int = 0
     violations: list[Violation] = field(default_factory=list)
 
     @property
@@ -504,7 +519,9 @@ class Report:
             f"{self.unknown_of_killed} ended by the lease of a killed client; {self.cancelled} "
             f"cancelled: {self.cancelled_resolved} resolved; {self.leftovers} keys left, "
             f"{self.leftovers_allowed} of killed clients within their lease; "
-            f"{self.exempt_overlaps} overlaps across a failover, not guaranteed) — "
+            f"{self.exempt_overlaps} overlaps across a failover, not guaranteed; "
+            f"{self.decisions} rate decisions, {self.allowed} allowed, "
+            f"{self.exempt_over_limit} over-limit windows across a failover) — "
             f"violations: {len(self.violations)} ({counts})"
         )
 
@@ -560,6 +577,7 @@ def check_history(
     exclusion_across_failovers: bool = True,
     queue_margin: float = QUEUE_MARGIN,
     slack: float = 0.5,
+    rates: Mapping[str, tuple[int, float, int]] | None = None,
 ) -> Report:
     """Check ``events`` (see :func:`load_history`) and what Redis kept (``leftovers``, read at
     monotonic time ``checked_at``, default now).
@@ -569,6 +587,8 @@ def check_history(
     call); ``failovers`` are monotonic times at which a failover may have lost unreplicated
     writes (the kill of the old primary), used with ``exclusion_across_failovers=False``.
     ``slack`` covers the few milliseconds between a kill and the kernel closing its sockets.
+    ``rates``: limiter name → ``(count, period, burst)`` of the rate limiters whose decisions
+    are checked (``over_limit``).
     """
     report = Report(events=len(events))
     t0 = min(
@@ -850,4 +870,43 @@ def check_history(
                 f"{who}; {expiry}; {leftover.detail}",
             )
         )
+    # -- (f) rate limiters allowed no more than their rate ----------------------------------
+    _check_rates(calls, rates or {}, failovers, exclusion_across_failovers, report, at)
     return report
+
+
+def _check_rates(
+    calls: Sequence[Mapping[str, Any]],
+    rates: Mapping[str, tuple[int, float, int]],
+    failovers: Sequence[float],
+    exclusion_across_failovers: bool,
+    report: Report,
+    at: Any,
+) -> None:
+    """The ``over_limit`` check (see the module docstring)."""
+    decisions = [c for c in calls if c.get("op") == "decide"]
+    report.decisions = len(decisions)
+    for name, (count, period, burst) in rates.items():
+        allowed = sorted(
+            (float(c["start"]), float(c["end"]))
+            for c in decisions
+            if c["name"] == name and c["outcome"] == "allowed"
+        )
+        report.allowed += len(allowed)
+        bound = burst + count
+        flagged_until = float("-inf")
+        for i, (t, _) in enumerate(allowed):
+            inside = [(s, e) for s, e in allowed[i:] if e <= t + period]
+            if len(inside) <= bound or t < flagged_until:
+                continue
+            flagged_until = t + period  # one violation per offending span
+            if not exclusion_across_failovers and any(t <= f <= t + period for f in failovers):
+                report.exempt_over_limit += 1
+                continue
+            report.violations.append(
+                Violation(
+                    "over_limit",
+                    f"rate limiter {name!r} ({count}/{period:g}s, burst {burst}) allowed "
+                    f"{len(inside)} requests within {period:g} s from {at(t)} (at most {bound})",
+                )
+            )

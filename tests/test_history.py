@@ -345,6 +345,7 @@ def test_every_kind_is_reported_readably() -> None:
     assert report.counts() == {
         "overlap": 1,
         "token": 1,
+        "over_limit": 0,
         "leftover": 0,
         "unresolved": 1,
         "orphan": 0,
@@ -462,3 +463,67 @@ def test_an_unknown_outcome_of_a_client_killed_before_it_could_settle_it_is_no_v
     assert report.counts()["unresolved"] == 0 and report.unknown_of_killed == 1
     exited = {"ev": "exit", "pid": 7, "client": "w", "clean": True, "t": 3.0}
     assert check_history([unknown, exited]).counts()["unresolved"] == 1
+
+
+# -- over_limit (rate limiters, issue 30) ---------------------------------------------------------
+
+
+def decide(
+    name: str, start: float, end: float, outcome: str = "allowed", pid: int = 1
+) -> dict[str, Any]:
+    return {
+        "ev": "call",
+        "op": "decide",
+        "name": name,
+        "owner": f"rate/{pid}",
+        "thread": "t",
+        "pid": pid,
+        "client": "w",
+        "start": start,
+        "end": end,
+        "outcome": outcome,
+        "t": end,
+    }
+
+
+def exits(*pids: int) -> list[dict[str, Any]]:
+    return [{"ev": "exit", "pid": p, "client": "w", "t": 100.0, "clean": True} for p in pids]
+
+
+def test_a_rate_held_to_is_no_violation() -> None:
+    # 10/s, burst 2: two at once, then one every 0.1 s, from two processes.
+    times = [0.0, 0.0, *(0.1 * i for i in range(1, 30))]
+    events = [decide("r", t, t + 0.002, pid=1 + i % 2) for i, t in enumerate(times)]
+    events += [decide("r", t + 0.05, t + 0.051, "refused") for t in times]
+    report = check_history(events + exits(1, 2), rates={"r": (10, 1.0, 2)})
+    assert report.ok, report.details()
+    assert (report.decisions, report.allowed) == (2 * len(times), len(times))
+
+
+def test_more_allowed_within_one_period_than_burst_plus_rate_is_over_limit() -> None:
+    events = [decide("r", 1.0 + 0.01 * i, 1.0 + 0.01 * i + 0.001) for i in range(13)]
+    report = check_history(events + exits(1), rates={"r": (10, 1.0, 2)})
+    assert [v.kind for v in report.violations] == ["over_limit"]
+    assert "allowed 13 requests within 1 s" in report.violations[0].message
+
+
+def test_calls_that_may_have_been_decided_outside_the_window_are_not_counted() -> None:
+    # 13 allowances, but three of the calls span 1.5 s: they may have been decided apart.
+    events = [decide("r", 1.0 + 0.01 * i, 1.0 + 0.01 * i + 0.001) for i in range(10)]
+    events += [decide("r", 0.0, 1.5) for _ in range(3)]
+    report = check_history(events + exits(1), rates={"r": (10, 1.0, 2)})
+    assert report.ok, report.details()
+
+
+def test_errors_are_not_allowances_and_failovers_may_be_exempt() -> None:
+    events = [decide("r", 1.0 + 0.01 * i, 1.0 + 0.01 * i + 0.001) for i in range(13)]
+    events += [decide("r", 1.2, 1.3, "error") for _ in range(20)]
+    exempt = check_history(
+        events + exits(1),
+        rates={"r": (10, 1.0, 2)},
+        failovers=[1.05],
+        exclusion_across_failovers=False,
+    )
+    assert exempt.ok and exempt.exempt_over_limit == 1
+    strict = check_history(events + exits(1), rates={"r": (10, 1.0, 2)}, failovers=[1.05])
+    assert [v.kind for v in strict.violations] == ["over_limit"]

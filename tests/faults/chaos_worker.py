@@ -20,6 +20,11 @@ Critical sections are a few milliseconds (3 %: under a second), far below the le
 (``--lease``, auto-renewed), so a hold never outlives its lease unless the lock was really lost.
 Every call is recorded before and after (``HistoryRecorder.call``); ``lock_outcome_resolved`` is
 recorded where the package sends it.
+With ``--rates NAME:COUNT:PERIOD:BURST[,...]`` and ``--rate-threads N`` the worker also runs N
+threads and N asyncio tasks deciding on those rate limiters (``try_acquire`` mostly,
+``acquire(timeout=…)`` sometimes), recorded as ``op="decide"`` calls (``allowed``, ``refused``
+or ``error``) for the checker's ``over_limit``.
+
 The worker stops when the stop file exists (each client finishes its cycle: releases what it
 holds) or after ``--max-seconds``, writes ``ev="exit"`` and exits 0; a client that raised
 anything unexpected writes ``ev="crash"`` and the worker exits 1.
@@ -86,6 +91,7 @@ class Context:
         self.deadline = time.monotonic() + opts.max_seconds
         self.stop_file = Path(opts.stop_file)
         self.crashed = False
+        self.rates = parse_rates(opts.rates)
         self.async_vias: tuple[str, ...] = ("async-blocking", "async-nonblocking", "async-with")
         if opts.cancel:
             self.async_vias += ("async-cancel",)
@@ -307,6 +313,94 @@ async def async_client(ctx: Context, index: int) -> None:
         _crash(ctx, exc)
 
 
+def parse_rates(text: str) -> dict[str, tuple[int, float, int]]:
+    """``"r:20:1:3,s:5:0.5:1"`` -> ``{"r": (20, 1.0, 3), "s": (5, 0.5, 1)}``."""
+    found = {}
+    for item in filter(None, text.split(",")):
+        name, count, period, burst = item.split(":")
+        found[name] = (int(count), float(period), int(burst))
+    return found
+
+
+def _decision(ctx: Context, name: str, via: str, start: float, outcome: str, **fields: Any) -> None:
+    ctx.recorder.write(
+        "call",
+        op="decide",
+        name=name,
+        owner=f"rate/{ctx.recorder.pid}/{threading.current_thread().name}",
+        thread=threading.current_thread().name,
+        via=via,
+        start=start,
+        end=time.monotonic(),
+        outcome=outcome,
+        **fields,
+    )
+
+
+def rate_client(ctx: Context, index: int) -> None:
+    """Decide on the rate limiters in a loop, as a thread would (see the module docstring)."""
+    from django_redislock import LockBackendError, RateLimited, RateLimiter
+
+    rng = random.Random(f"{ctx.opts.seed}-rate-{index}")
+    limiters = [RateLimiter(n, (c, p), burst=b) for n, (c, p, b) in ctx.rates.items()]
+    try:
+        while not ctx.stopping():
+            limiter = rng.choice(limiters)
+            via = "try" if rng.random() < 0.7 else "acquire"
+            start = time.monotonic()
+            try:
+                if via == "try":
+                    outcome = "allowed" if limiter.try_acquire() else "refused"
+                else:
+                    limiter.acquire(timeout=0.2)
+                    outcome = "allowed"
+            except RateLimited:
+                outcome = "refused"
+            except LockBackendError as exc:
+                _decision(ctx, limiter.name, via, start, "error", error=str(exc)[:120])
+                time.sleep(0.01)
+                continue
+            _decision(ctx, limiter.name, via, start, outcome)
+            time.sleep(rng.uniform(0.0, 0.005))
+    except BaseException as exc:
+        _crash(ctx, exc)
+
+
+def async_rate_clients(ctx: Context) -> None:
+    """``--rate-threads`` asyncio tasks deciding with ``AsyncRateLimiter`` in one loop."""
+    from django_redislock import AsyncRateLimiter, LockBackendError, RateLimited
+
+    async def one(index: int) -> None:
+        rng = random.Random(f"{ctx.opts.seed}-arate-{index}")
+        limiters = [AsyncRateLimiter(n, (c, p), burst=b) for n, (c, p, b) in ctx.rates.items()]
+        while not ctx.stopping():
+            limiter = rng.choice(limiters)
+            via = "async-try" if rng.random() < 0.7 else "async-acquire"
+            start = time.monotonic()
+            try:
+                if via == "async-try":
+                    outcome = "allowed" if await limiter.try_acquire() else "refused"
+                else:
+                    await limiter.acquire(timeout=0.2)
+                    outcome = "allowed"
+            except RateLimited:
+                outcome = "refused"
+            except LockBackendError as exc:
+                _decision(ctx, limiter.name, via, start, "error", error=str(exc)[:120])
+                await asyncio.sleep(0.01)
+                continue
+            _decision(ctx, limiter.name, via, start, outcome)
+            await asyncio.sleep(rng.uniform(0.0, 0.005))
+
+    async def main() -> None:
+        await asyncio.gather(*(one(i) for i in range(ctx.opts.rate_threads)))
+
+    try:
+        asyncio.run(main())
+    except BaseException as exc:
+        _crash(ctx, exc)
+
+
 def async_clients(ctx: Context) -> None:
     async def main() -> None:
         tasks = [
@@ -366,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         help="1: tasks also cancel acquisitions and releases (asyncio.timeout); 0: never",
     )
     parser.add_argument("--max-seconds", type=float, default=120.0)
+    parser.add_argument("--rates", default="", help="rate limiters NAME:COUNT:PERIOD:BURST,...")
+    parser.add_argument("--rate-threads", type=int, default=0)
     opts = parser.parse_args(argv)
 
     configure(opts)
@@ -378,6 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if opts.tasks:
         threads.append(threading.Thread(target=async_clients, args=(ctx,), name="loop"))
+    if ctx.rates and opts.rate_threads:
+        threads += [
+            threading.Thread(target=rate_client, args=(ctx, i), name=f"rate{i}")
+            for i in range(opts.rate_threads)
+        ]
+        threads.append(threading.Thread(target=async_rate_clients, args=(ctx,), name="rateloop"))
     recorder.write("start", resolutions=resolutions, python=sys.version.split()[0])
     for thread in threads:
         thread.start()

@@ -422,6 +422,8 @@ def test_cancelled_semaphore_waits_leave_no_queue_entry_and_the_permit_goes_to_a
 # -- chaos ---------------------------------------------------------------------------------------
 
 CHAOS_SEED = int(os.environ.get("REDISLOCK_CHAOS_SEED", "27"))
+#: Rate limiters the chaos workers also decide on (issue 30): name -> (count, period, burst).
+RATES = {"r": (20, 1.0, 3), "s": (50, 1.0, 5)}
 LEASE = 3.0
 CHAOS_SECONDS = 12.0
 #: After healing: one lease (a lock taken by a call whose reply was lost expires unrenewed),
@@ -500,6 +502,8 @@ def test_chaos_on_a_single_redis_breaks_no_promise(tmp_path, redis_processes, tc
         lease=LEASE,
         max_wait=1.5,
         seed=CHAOS_SEED,
+        rates=",".join(f"{n}:{c}:{p}:{b}" for n, (c, p, b) in RATES.items()),
+        rate_threads=1,
     ) as workers:
         time.sleep(1.0)  # contention before the faults
         killer = threading.Timer(CHAOS_SECONDS / 2, workers.kill, args=(3,))
@@ -515,9 +519,11 @@ def test_chaos_on_a_single_redis_breaks_no_promise(tmp_path, redis_processes, tc
         load_history(histories),
         leftovers=read_leftovers([direct], NS),
         checked_at=time.monotonic(),
+        rates=RATES,
     )
     report_line(f"chaos, single Redis (seed {CHAOS_SEED})", report)
     print(f"proxy: {proxy.stats}; schedule: {'; '.join(schedule)}")
     assert codes[:2] == [0, 0], logs
     assert report.holds > 50 and proxy.replies_lost > 0, "the run did not exercise the lock"
+    assert report.allowed > 50, "the run did not exercise the rate limiters"
     assert report.ok, report.details()

@@ -22,6 +22,11 @@ What is checked where — decided from README "Guarantees", and stated here once
   killed and one acquired after it are counted apart (``exempt_overlaps``), not as
   violations; every other overlap is one. With ``REPLICAS=1`` an acquisition counts only once
   the replica has it: every overlap is a violation.
+- Rate limiters (issue 30, ``over_limit``): no limiter allows more than its rate. With
+  ``REPLICAS=1`` an allowance counts only once the replica has it, so this holds across the lossy
+  failover too; with ``REPLICAS=0`` (Sentinel) and on the Cluster, a failover that loses writes
+  forgets the allowances among them, so windows containing the failover are counted apart
+  (``exempt_over_limit``), like the lock overlaps.
 - Unknown outcomes (calls in flight when the primary died) must be resolved; nothing may be left
   in Redis once the workers exited (read on every primary after the failover).
 
@@ -51,6 +56,21 @@ SENTINEL_WINDOW = 1.2
 CLUSTER_WINDOW = 0.7
 CALM_SECONDS = LEASE + 2.0 + 1.0  # see test_chaos.CALM_SECONDS
 WORKERS: dict[str, Any] = {"threads": 2, "tasks": 2, "lease": LEASE, "max_wait": 1.5, "seed": 27}
+#: Rate limiters each worker also decides on (one thread and one asyncio task each).
+RATES = {"r": (20, 1.0, 3), "s": (50, 1.0, 5)}
+
+
+def rate_options(names: list[str] | None = None) -> dict[str, Any]:
+    """Worker options for :data:`RATES`, renamed to ``names`` (Cluster: names on the victim)."""
+    rates = dict(zip(names, RATES.values(), strict=False)) if names else RATES
+    text = ",".join(f"{n}:{c}:{p}:{b}" for n, (c, p, b) in rates.items())
+    return {"rates": text, "rate_threads": 1}
+
+
+def rates_of(options: dict[str, Any]) -> dict[str, tuple[int, float, int]]:
+    from tests.faults.chaos_worker import parse_rates
+
+    return parse_rates(options["rates"])
 
 
 def report_line(title: str, report: Any) -> None:
@@ -65,8 +85,9 @@ def test_chaos_on_sentinel_with_a_failover_that_loses_writes(replicas, tmp_path)
         cache = topo.caches_entry(SOCKET_TIMEOUT=1.0, SOCKET_CONNECT_TIMEOUT=0.5)
         redislock = {"REPLICAS": 1, "REPLICAS_TIMEOUT": 0.5} if replicas else {}
         histories = tmp_path / "histories"
+        rated = rate_options()
         with running(
-            histories, 3, cache=cache, redislock=redislock, names="a,b,c", **WORKERS
+            histories, 3, cache=cache, redislock=redislock, names="a,b,c", **WORKERS, **rated
         ) as workers:
             time.sleep(2.0)
             old, replica = topo.primary, topo.replica
@@ -88,11 +109,13 @@ def test_chaos_on_sentinel_with_a_failover_that_loses_writes(replicas, tmp_path)
         checked_at=time.monotonic(),
         failovers=[killed_at],
         exclusion_across_failovers=bool(replicas),
+        rates=rates_of(rated),
     )
     report_line(f"chaos, Sentinel lossy failover, REPLICAS={replicas}", report)
     print(f"failover took {failover:.1f} s; unexpected failovers: {topo.unexpected_failovers}")
     assert codes == [0, 0, 0], logs
     assert report.holds > 50, "the run did not exercise the lock"
+    assert report.allowed > 50, "the run did not exercise the rate limiters"
     assert report.ok, report.details()
 
 
@@ -117,8 +140,9 @@ def test_chaos_on_a_cluster_with_a_primary_killed(tmp_path) -> None:
         }
         redislock = {"CLIENT": "tests.faults.chaos_worker.cluster_client"}
         histories = tmp_path / "histories"
+        rated = rate_options(names[:2])  # limiters of the same slots: on the victim too
         with running(
-            histories, 3, env=env, redislock=redislock, names=",".join(names), **WORKERS
+            histories, 3, env=env, redislock=redislock, names=",".join(names), **WORKERS, **rated
         ) as workers:
             time.sleep(2.0)
             (replica,) = cluster.replicas_of(victim)
@@ -143,9 +167,11 @@ def test_chaos_on_a_cluster_with_a_primary_killed(tmp_path) -> None:
         checked_at=time.monotonic(),
         failovers=[killed_at],
         exclusion_across_failovers=False,
+        rates=rates_of(rated),
     )
     report_line("chaos, Cluster lossy failover of a primary", report)
     print(f"failover to {promoted!r} took {failover:.1f} s; names {names}")
     assert codes == [0, 0, 0], logs
     assert report.holds > 50, "the run did not exercise the lock"
+    assert report.allowed > 50, "the run did not exercise the rate limiters"
     assert report.ok, report.details()
