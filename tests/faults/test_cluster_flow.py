@@ -101,3 +101,28 @@ def test_rate_limiter_keys_of_one_name_share_a_slot(on_cluster):
     assert limiter.schedule(after=0.1, max_wait=5) >= 0.1
     keys = keyspace()
     assert key_slot(keys.rate("a{b}c").encode()) == key_slot(keys.rate_schedule("a{b}c").encode())
+
+
+def test_rate_limiters_on_every_primary_are_listed_reset_and_shared_with_asyncio(on_cluster):
+    import asyncio
+
+    from django_redislock import AsyncRateLimiter
+    from django_redislock.operations import reset_rate_limit
+    from django_redislock.runtime import keyspace
+
+    names = [f"spread-rate-{i}" for i in range(12)]
+    primaries = {on_cluster.primary_for(keyspace().rate(n)) for n in names}
+    assert len(primaries) > 1  # the names are spread over the cluster
+    for name in names:
+        assert RateLimiter(name, "1/m").try_acquire()
+    assert {i.name for i in list_locks() if i.kind == "rate"} == set(names)
+
+    async def from_asyncio() -> tuple[bool, bool]:
+        limiter = AsyncRateLimiter(names[0], "1/m")
+        refused = await limiter.try_acquire()
+        await limiter.reset()
+        return bool(refused), bool(await limiter.try_acquire())
+
+    assert asyncio.run(from_asyncio()) == (False, True)
+    assert all(reset_rate_limit(n) for n in names)
+    assert not [i for i in list_locks() if i.kind == "rate"]

@@ -106,3 +106,27 @@ def test_a_hand_off_is_acknowledged_like_any_acquisition(primary_and_replica):
     assert len(results) == 1 and isinstance(results[0], LockBackendError), results
     assert "replicas" in str(results[0])
     assert not primary.client().exists("redislock:lock:{handed}")  # undone, not kept
+
+
+def test_a_rate_limiter_allowance_counts_once_the_replica_has_it(primary_and_replica):
+    """Issue 30: an allowance a failover could forget is not one — the request does not pass."""
+    from django_redislock import RateLimiter
+
+    primary, replica = primary_and_replica
+    limiter = RateLimiter("replicated-rate", "2/m", burst=2)
+    assert limiter.try_acquire()
+    wait_for(
+        lambda: replica.client().exists("redislock:rate:{replicated-rate}"), what="replication"
+    )
+    replica.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(LockBackendError, match="replicas"):
+            limiter.try_acquire()
+        assert time.monotonic() - started < REPLICAS_TIMEOUT + 2
+    finally:
+        replica.resume()
+    # The unacknowledged allowance stayed counted (the strict side): the limit is spent.
+    refused = limiter.try_acquire()
+    assert not refused and refused.retry_after > 0
+    assert limiter.reserve(max_wait=60) is not None  # booking is acknowledged too
