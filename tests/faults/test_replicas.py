@@ -112,7 +112,7 @@ def test_a_rate_limiter_allowance_counts_once_the_replica_has_it(primary_and_rep
     """Issue 30: an allowance a failover could forget is not one — the request does not pass."""
     from django_redislock import RateLimiter
 
-    primary, replica = primary_and_replica
+    _, replica = primary_and_replica
     limiter = RateLimiter("replicated-rate", "2/m", burst=2)
     assert limiter.try_acquire()
     wait_for(
