@@ -395,11 +395,7 @@ class SingleFlightTask(Task, Generic[P, T]):  # type: ignore[type-arg]
         later: str | None = None
         rules = self.flight_rules
         if self.get_backend().supports_defer:  # an inline backend (tests) cannot defer
-            when = timezone.now() + dt.timedelta(seconds=deferred.countdown)
-            try:
-                later = str(self.using(run_after=when).enqueue(*args, **kwargs).id)
-            except DuplicateTaskError as dup:  # a queued one covers this call already
-                later = dup.task_id
+            later = self._enqueue_later(deferred.countdown, args, kwargs)
         singleflight.count_outcome(rules, deferred.key, "throttled")
         task_throttled.send_robust(
             type(self),
@@ -413,6 +409,15 @@ class SingleFlightTask(Task, Generic[P, T]):  # type: ignore[type-arg]
         logger.info("Task %s[%s]: %s", self.module_path, result_id, error)
         raise error
 
+    def _enqueue_later(self, countdown: float, args: Any, kwargs: Any) -> str | None:
+        """Enqueue the call again to run in ``countdown`` seconds: the new result id, or the
+        id of a queued one that covers it already."""
+        when = timezone.now() + dt.timedelta(seconds=countdown)
+        try:
+            return str(self.using(run_after=when).enqueue(*args, **kwargs).id)
+        except DuplicateTaskError as dup:
+            return dup.task_id
+
     def _not_run(self, busy: Busy, args: Any, kwargs: Any, result_id: str) -> NoReturn:
         """Skip, or reschedule, a run whose key is busy; always raises :class:`TaskSkippedError`."""
         later: str | None = None
@@ -424,11 +429,7 @@ class SingleFlightTask(Task, Generic[P, T]):  # type: ignore[type-arg]
             and backend.supports_defer  # an inline backend (tests) has nothing to defer with
         ):
             countdown = self.flight_rules.reschedule_delay()
-            when = timezone.now() + dt.timedelta(seconds=countdown)
-            try:
-                later = str(self.using(run_after=when).enqueue(*args, **kwargs).id)
-            except DuplicateTaskError as dup:  # a queued one covers this call already
-                later = dup.task_id
+            later = self._enqueue_later(countdown, args, kwargs)
             task_rescheduled.send_robust(
                 type(self),
                 task=self,

@@ -32,10 +32,8 @@ __all__ = [
     "Attempt",
     "SimpleFlow",
     "adrive",
-    "adrive_simple",
     "arun_call",
     "drive",
-    "drive_simple",
     "run_call",
 ]
 
@@ -115,17 +113,25 @@ async def arun_call(target: Any, call: Call) -> Any:
     return await target.transport.arun(call.script, call.keys, call.args, call.action)
 
 
-def drive(flow: Flow, attempt: Attempt) -> Any:
-    """Run ``flow`` with blocking I/O; returns what it returns."""
-    target = attempt.plan.target
+def drive(flow: Flow | SimpleFlow, attempt: Attempt | None, target: Any = None) -> Any:
+    """Run ``flow`` with blocking I/O; returns what it returns. ``attempt`` ``None``: a flow
+    of calls and sleeps only (a rate limiter's), on ``target``."""
+    target = target if attempt is None else attempt.plan.target
     try:
         op = next(flow)
         while True:
             try:
                 if isinstance(op, Call):
-                    attempt.before_call()
+                    if attempt is not None:
+                        attempt.before_call()
                     result: Any = run_call(target, op)
-                    attempt.replies += 1
+                    if attempt is not None:
+                        attempt.replies += 1
+                elif isinstance(op, Sleep):
+                    time.sleep(op.seconds)
+                    result = None
+                elif attempt is None:
+                    raise TypeError(f"{op!r} needs an attempt")
                 elif isinstance(op, Wait):
                     waiter = attempt.wait_started(op)
                     if attempt.resubscribe() and target.listener.ensure(target.subscribe_timeout):
@@ -143,20 +149,28 @@ def drive(flow: Flow, attempt: Attempt) -> Any:
     except StopIteration as stop:
         return stop.value
     finally:
-        attempt.close()
+        if attempt is not None:
+            attempt.close()
 
 
-async def adrive(flow: Flow, attempt: Attempt) -> Any:
+async def adrive(flow: Flow | SimpleFlow, attempt: Attempt | None, target: Any = None) -> Any:
     """Run ``flow`` with ``await``: the same steps as :func:`drive`."""
-    target = attempt.plan.target
+    target = target if attempt is None else attempt.plan.target
     try:
         op = next(flow)
         while True:
             try:
                 if isinstance(op, Call):
-                    attempt.before_call()
+                    if attempt is not None:
+                        attempt.before_call()
                     result: Any = await arun_call(target, op)
-                    attempt.replies += 1
+                    if attempt is not None:
+                        attempt.replies += 1
+                elif isinstance(op, Sleep):
+                    await asyncio.sleep(op.seconds)
+                    result = None
+                elif attempt is None:
+                    raise TypeError(f"{op!r} needs an attempt")
                 elif isinstance(op, Wait):
                     waiter = attempt.wait_started(op)
                     if attempt.resubscribe() and await asyncio.to_thread(
@@ -176,42 +190,5 @@ async def adrive(flow: Flow, attempt: Attempt) -> Any:
     except StopIteration as stop:
         return stop.value
     finally:
-        attempt.close()
-
-
-def drive_simple(flow: SimpleFlow, target: Any) -> Any:
-    """Run a flow of calls and sleeps with blocking I/O; returns what it returns."""
-    try:
-        op = next(flow)
-        while True:
-            try:
-                if isinstance(op, Call):
-                    result: Any = run_call(target, op)
-                else:
-                    time.sleep(op.seconds)
-                    result = None
-            except BaseException as exc:
-                op = flow.throw(exc)
-            else:
-                op = flow.send(result)
-    except StopIteration as stop:
-        return stop.value
-
-
-async def adrive_simple(flow: SimpleFlow, target: Any) -> Any:
-    """:func:`drive_simple` with ``await``."""
-    try:
-        op = next(flow)
-        while True:
-            try:
-                if isinstance(op, Call):
-                    result: Any = await arun_call(target, op)
-                else:
-                    await asyncio.sleep(op.seconds)
-                    result = None
-            except BaseException as exc:
-                op = flow.throw(exc)
-            else:
-                op = flow.send(result)
-    except StopIteration as stop:
-        return stop.value
+        if attempt is not None:
+            attempt.close()

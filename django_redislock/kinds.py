@@ -113,6 +113,17 @@ def _cancel(
     return script, [*keys, target.keys.void(name, attempt)], args
 
 
+def _one_deployment(target: Any, what: str) -> None:
+    """Primitives whose state is one set of keys cannot be spread over a quorum of masters."""
+    if target.quorum:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            f"{what} need one Redis (single, Sentinel or Cluster): REDISLOCK['CACHE'] lists "
+            "independent masters (Redlock). Pass using=<one alias>."
+        )
+
+
 def _dropped(reply: Any) -> DropReply:
     """release.lua / cancel.lua's answer for a dropped hold."""
     if isinstance(reply, list):
@@ -258,13 +269,7 @@ class SemaphoreKind:
         self.permits = permits
 
     def check_target(self, target: Any) -> None:
-        if target.quorum:
-            from django.core.exceptions import ImproperlyConfigured
-
-            raise ImproperlyConfigured(
-                "Semaphores need one Redis (single, Sentinel or Cluster): REDISLOCK['CACHE'] "
-                "lists independent masters (Redlock). Pass using=<one alias>."
-            )
+        _one_deployment(target, "Semaphores")
 
     def holder_key(self, target: Any, name: str) -> str:
         return target.keys.semaphore(name)  # type: ignore[no-any-return]
@@ -402,13 +407,7 @@ class RateKind:
         self.interval_us = max(1, int(period * 1_000_000 / count + 0.5))
 
     def check_target(self, target: Any) -> None:
-        if target.quorum:
-            from django.core.exceptions import ImproperlyConfigured
-
-            raise ImproperlyConfigured(
-                "Rate limiters need one Redis (single, Sentinel or Cluster): REDISLOCK['CACHE'] "
-                "lists independent masters (Redlock). Pass using=<one alias>."
-            )
+        _one_deployment(target, "Rate limiters")
 
     def holder_key(self, target: Any, name: str) -> str:
         return target.keys.rate(name)  # type: ignore[no-any-return]

@@ -21,8 +21,8 @@ allowance that was acted on; without it, a failover that loses the last writes f
 allowances they recorded, and up to that many more requests may pass (``docs/guarantees.md``).
 
 ``RateLimiter`` and ``AsyncRateLimiter`` are one sans-I/O flow (:func:`_decide`) run by the
-simple drivers of :mod:`django_redislock.drivers`; ``acquire`` sleeps exactly the server's
-retry-after (plus :data:`SLEEP_MARGIN`), never polls.
+drivers of :mod:`django_redislock.drivers` (without an attempt: nothing to clean up);
+``acquire`` sleeps exactly the server's retry-after (plus :data:`SLEEP_MARGIN`), never polls.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Any
 from django_redislock import client as redis_client
 from django_redislock import stats
 from django_redislock.conf import check_seconds
-from django_redislock.drivers import adrive_simple, drive_simple
+from django_redislock.drivers import adrive, drive
 from django_redislock.exceptions import RateLimited
 from django_redislock.flow import Call, Sleep
 from django_redislock.kinds import Decision, RateKind
@@ -272,7 +272,7 @@ class RateLimiter(_Limiter):
         target = self._target()
         native = _native_unit(target, self.name)
         flow = self._decide(target, native, n, wait, timeout)
-        return drive_simple(flow, target)  # type: ignore[no-any-return]
+        return drive(flow, None, target)  # type: ignore[no-any-return]
 
     def try_acquire(self, n: int = 1) -> RateDecision:
         return self._run(self._check_n(n), False, None)
@@ -293,7 +293,7 @@ class RateLimiter(_Limiter):
         n = self._check_n(n)
         wait = check_seconds(max_wait, "max_wait")
         target = self._target()
-        return drive_simple(self._book(target, n, wait or 0.0), target)  # type: ignore[no-any-return]
+        return drive(self._book(target, n, wait or 0.0), None, target)  # type: ignore[no-any-return]
 
     def schedule(self, *, after: float, max_wait: float) -> float:
         """When to come back, for work turned away now and put off rather than slept for
@@ -310,12 +310,12 @@ class RateLimiter(_Limiter):
         after = check_seconds(after, "after") or 0.0
         wait = check_seconds(max_wait, "max_wait") or 0.0
         target = self._target()
-        booked = drive_simple(self._book(target, 1, wait, schedule=True), target)
+        booked = drive(self._book(target, 1, wait, schedule=True), None, target)
         return after if booked is None else max(after, booked)
 
     def reset(self) -> None:
         target = self._target()
-        drive_simple(_one(self._reset_call(target)), target)
+        drive(_one(self._reset_call(target)), None, target)
 
 
 class AsyncRateLimiter(_Limiter):
@@ -328,7 +328,7 @@ class AsyncRateLimiter(_Limiter):
         if native == "?":
             native = await asyncio.to_thread(_native_unit, target, self.name)
         flow = self._decide(target, native, n, wait, timeout)
-        return await adrive_simple(flow, target)  # type: ignore[no-any-return]
+        return await adrive(flow, None, target)  # type: ignore[no-any-return]
 
     async def try_acquire(self, n: int = 1) -> RateDecision:
         return await self._run(self._check_n(n), False, None)
@@ -341,11 +341,11 @@ class AsyncRateLimiter(_Limiter):
         n = self._check_n(n)
         wait = check_seconds(max_wait, "max_wait")
         target = self._target()
-        return await adrive_simple(self._book(target, n, wait or 0.0), target)  # type: ignore[no-any-return]
+        return await adrive(self._book(target, n, wait or 0.0), None, target)  # type: ignore[no-any-return]
 
     async def reset(self) -> None:
         target = self._target()
-        await adrive_simple(_one(self._reset_call(target)), target)
+        await adrive(_one(self._reset_call(target)), None, target)
 
 
 def _one(call: Call) -> Generator[Call, Any, Any]:
