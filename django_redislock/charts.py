@@ -365,10 +365,19 @@ def _rows(
 
 
 def outcome_chart(rows: Sequence[LockStats], *, limit: int = 15) -> Chart:
-    """Acquired / failed / skipped / deduplicated per key template, busiest first."""
+    """Acquired / failed / skipped / deduplicated per key template, busiest first; a rate
+    limiter's row adds its allowed / limited decisions, a task's its throttled runs."""
 
     def busy(figures: LockStats) -> int:
-        return figures.acquired + figures.failed + figures.skipped + figures.deduplicated
+        return (
+            figures.acquired
+            + figures.failed
+            + figures.skipped
+            + figures.deduplicated
+            + figures.allowed
+            + figures.limited
+            + figures.throttled
+        )
 
     shown = sorted((f for f in rows if busy(f)), key=lambda f: (-busy(f), f.name))[:limit]
     names: dict[str, Callable[[LockStats], int]] = {
@@ -376,12 +385,18 @@ def outcome_chart(rows: Sequence[LockStats], *, limit: int = 15) -> Chart:
         "failed": lambda f: f.failed,
         "skipped": lambda f: f.skipped,
         "deduplicated": lambda f: f.deduplicated,
+        "allowed": lambda f: f.allowed,
+        "limited": lambda f: f.limited,
+        "throttled": lambda f: f.throttled,
     }
     words = {
         "acquired": _("acquired"),
         "failed": _("failed"),
         "skipped": _("skipped"),
         "deduplicated": _("deduplicated"),
+        "allowed": _("allowed"),
+        "limited": _("limited"),
+        "throttled": _("throttled"),
     }
     items = [
         (
@@ -397,7 +412,10 @@ def outcome_chart(rows: Sequence[LockStats], *, limit: int = 15) -> Chart:
     return _rows_chart(
         "outcomes",
         _("Outcomes per key template"),
-        _("Acquired, failed, skipped and deduplicated per key template, busiest %(count)d")
+        _(
+            "Acquired, failed, skipped and deduplicated (rate limiters: allowed and limited; "
+            "tasks: throttled) per key template, busiest %(count)d"
+        )
         % {"count": len(shown)},
         items,
     )

@@ -95,3 +95,14 @@ def test_compact_rows_put_each_label_above_its_bar():
     for label, bar in zip(names, compact.bars, strict=True):
         assert label.y < bar.y  # the label's baseline is above its bar
         assert bar.x + bar.width <= compact.width
+
+
+def test_rate_limiters_and_throttled_tasks_show_in_the_outcome_chart():
+    limiter = LockStats("api:{n}", allowed=30, limited=12)
+    task = LockStats("report:{id}", acquired=5, throttled=4)
+    idle = LockStats("idle")
+    chart = charts.outcome_chart([limiter, task, idle])
+    texts = [label.text for label in chart.labels]
+    assert [t for t in texts if not t.isdigit()] == ["api:{n}", "report:{id}"]  # busiest first
+    assert "42" in texts and "9" in texts  # the totals count the new outcomes
+    assert set(chart.legend) == {"acquired", "allowed", "limited", "throttled"}

@@ -118,3 +118,17 @@ def test_contention_loss_skip_and_deduplication_counters(registry):
     assert samples['redislock_force_releases_total{name="flow"}'] == 1.0
     assert samples['redislock_losses_total{name="flow"}'] == 1.0
     assert samples['redislock_failed_acquisitions_total{name="flow"}'] == 0.0
+
+
+def test_rate_limiter_decisions_and_throttled_runs_are_counters(registry):
+    from django_redislock import RateLimiter
+
+    limiter = RateLimiter("scraped", "1/m", burst=2)
+    for _ in range(5):
+        limiter.try_acquire()
+    stats.record(None, "task:{n}", "throttled")
+    stats.flush()
+    samples = scrape(registry)
+    assert samples['redislock_rate_allowed_total{name="scraped"}'] == 2.0
+    assert samples['redislock_rate_limited_total{name="scraped"}'] == 3.0
+    assert samples['redislock_throttled_total{name="task:{n}"}'] == 1.0
