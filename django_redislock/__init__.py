@@ -11,6 +11,7 @@ from django_redislock.exceptions import (
     LockOutcomeUnknown,
     RateLimited,
 )
+from django_redislock.leader import LeaderElection
 from django_redislock.lock import Lock
 from django_redislock.operations import LockInfo, force_release, get_lock_info, list_locks
 from django_redislock.ratelimit import AsyncRateLimiter, RateDecision, RateLimiter
@@ -22,6 +23,7 @@ __all__ = [
     "AsyncLock",
     "AsyncRateLimiter",
     "AsyncSemaphore",
+    "LeaderElection",
     "Lock",
     "LockBackendError",
     "LockError",

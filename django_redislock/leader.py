@@ -21,23 +21,33 @@ It is fail-closed: :attr:`LeaderLease.is_leader` is true only while
 The last rule covers an unreachable Redis: the watchdog keeps retrying a renewal that fails with a
 connection error (it only declares a lock lost when Redis says so), but a leader that cannot prove
 its lease for ``timeout`` seconds must assume another process has it by now.
+
+:class:`LeaderElection` is the face for services (issue 31): ``with election.lead() as term:``
+runs its body while this process leads, proving the lease every ``timeout / 3`` in a thread of
+its own; ``term.token`` is the term's fencing token (greater for every new term) and
+``term.lost`` an event that is set once leadership may have passed — and that reads as set, by
+the monotonic clock, as soon as the last proof is older than ``timeout``, so a leader paused
+longer than that (a GC pause, ``SIGSTOP``, a suspended VM) finds it set before it can act.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from django_redislock import signals
-from django_redislock.exceptions import LockNotOwnedError
+from django_redislock.conf import check_seconds
+from django_redislock.exceptions import LockBackendError, LockNotAcquiredError, LockNotOwnedError
 from django_redislock.lock import Lock
 from django_redislock.runtime import runtime
 
-__all__ = ["LeaderLease"]
+__all__ = ["LeaderElection", "LeaderLease", "Term"]
 
 logger = logging.getLogger("django_redislock")
 
@@ -204,3 +214,160 @@ class LeaderLease:
                 callback()
             except Exception:  # the loss itself matters more than a failing callback
                 logger.exception("django_redislock: a lost-lease callback of %r failed", self.name)
+
+
+# -- elections -------------------------------------------------------------------------------------
+
+
+class _Lost(threading.Event):
+    """``Term.lost``: set when leadership is known lost, and *reads* as set once the lease's
+    last proof is older than its timeout (fail-closed, whatever the thread that would set it
+    is doing: after a pause, the first look already says so)."""
+
+    def __init__(self, lease: LeaderLease) -> None:
+        super().__init__()
+        self._lease = lease
+        self._ended = False
+
+    def is_set(self) -> bool:
+        if super().is_set():
+            return True
+        return not self._ended and time.monotonic() >= self._lease.valid_until()
+
+    isSet = is_set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            now = time.monotonic()
+            left = self._lease.valid_until() - now
+            if deadline is not None:
+                left = min(left, deadline - now)
+                if left <= 0:
+                    return False
+            super().wait(max(0.001, left))
+        return True
+
+
+@dataclass
+class Term:
+    """One term of leadership: what the body of :meth:`LeaderElection.lead` gets."""
+
+    #: Fencing token of the term: greater than every earlier term's.
+    token: int
+    #: Set when leadership is lost (see :class:`LeaderElection`); check it before each action.
+    lost: threading.Event
+    #: ``time.monotonic()`` when the term began.
+    started: float = field(default_factory=time.monotonic)
+
+
+class LeaderElection:
+    """One leader across processes and hosts: ``with election.lead() as term: ...``.
+
+    ``LeaderElection(name, *, timeout=None, using=None)``: ``timeout`` is the lease (default
+    ``REDISLOCK["TIMEOUT"]``), proven every ``timeout / 3`` while leading. A process waiting in
+    :meth:`lead` stands by in the lease's queue and is woken when the leader steps down or its
+    lease runs out. ``on_elected(fn)`` / ``on_lost(fn)`` register callbacks (``fn(term)``),
+    called in the thread that noticed; :meth:`is_leader` is fail-closed like
+    :attr:`LeaderLease.is_leader`.
+    """
+
+    def __init__(
+        self, name: str, *, timeout: float | None = None, using: str | None = None
+    ) -> None:
+        self.name = name
+        self.lease = LeaderLease(name, timeout=timeout, using=using)
+        self._on_elected: list[Callable[[Term], None]] = []
+        self._on_lost: list[Callable[[Term], None]] = []
+        self._term: Term | None = None
+        self._stop = threading.Event()
+        self.lease.on_lost(self._lease_lost)
+
+    def __repr__(self) -> str:
+        return f"<LeaderElection {self.name!r} {'leader' if self.is_leader() else 'not leader'}>"
+
+    def is_leader(self) -> bool:
+        """Leading, with a lease proven less than ``timeout`` ago."""
+        return self._term is not None and self.lease.is_leader
+
+    def on_elected(self, callback: Callable[[Term], None]) -> Callable[[Term], None]:
+        """Call ``callback(term)`` when this process becomes the leader (usable as decorator)."""
+        self._on_elected.append(callback)
+        return callback
+
+    def on_lost(self, callback: Callable[[Term], None]) -> Callable[[Term], None]:
+        """Call ``callback(term)`` when leadership is found lost (not when the body ends)."""
+        self._on_lost.append(callback)
+        return callback
+
+    @contextlib.contextmanager
+    def lead(self, blocking: bool = True, blocking_timeout: float | None = None) -> Iterator[Term]:
+        """Lead for the body of the ``with``: wait to be elected (``blocking``, at most
+        ``blocking_timeout`` seconds; ``None``: for ever), else :class:`LockNotAcquiredError`.
+        Leaving the body steps down (a standby takes over at once)."""
+        wait = check_seconds(blocking_timeout, "blocking_timeout", allow_none=True)
+        if not blocking:
+            wait = 0.0
+        elif wait is None:
+            wait = FOREVER
+        if self._term is not None:
+            raise RuntimeError(f"{self!r} is already leading: terms do not nest")
+        if not self.lease.acquire(wait):
+            raise LockNotAcquiredError(
+                self.name, f"Another process leads {self.name!r}: not elected in time."
+            )
+        term = Term(token=self.lease.fencing_token or 0, lost=_Lost(self.lease))
+        self._term = term
+        self._stop.clear()
+        keeper = threading.Thread(
+            target=self._keep, args=(term,), name=f"redislock-leader-{self.name}", daemon=True
+        )
+        keeper.start()
+        self._notify(self._on_elected, term)
+        try:
+            yield term
+        finally:
+            self._stop.set()
+            keeper.join(self.lease.timeout)
+            self._term = None
+            lost = term.lost.is_set()
+            term.lost._ended = True  # type: ignore[attr-defined]
+            if not lost:
+                try:
+                    self.lease.release()
+                except LockBackendError:
+                    self.lease.step_down()  # the lease expires by itself
+
+    def _keep(self, term: Term) -> None:
+        """Prove the lease every ``timeout / 3`` until the term ends or is lost."""
+        interval = self.lease.timeout / 3
+        while not self._stop.wait(interval):
+            try:
+                self.lease.prove()
+            except LockNotOwnedError:
+                return  # marked lost: _lease_lost has run
+            except LockBackendError:
+                interval = min(interval, 0.5)  # Redis unreachable: try again soon
+                if not self.lease.is_leader:  # the proof is too old: assume someone else leads
+                    self._lose(term)
+                    return
+                continue
+            interval = self.lease.timeout / 3
+
+    def _lease_lost(self) -> None:
+        term = self._term
+        if term is not None:
+            self._lose(term)
+
+    def _lose(self, term: Term) -> None:
+        if threading.Event.is_set(term.lost):
+            return
+        term.lost.set()
+        self._notify(self._on_lost, term)
+
+    def _notify(self, callbacks: list[Callable[[Term], None]], term: Term) -> None:
+        for callback in list(callbacks):
+            try:
+                callback(term)
+            except Exception:
+                logger.exception("django_redislock: a callback of %r failed", self)

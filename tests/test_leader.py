@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -163,3 +164,135 @@ def test_a_standby_waiting_for_the_lease_is_not_counted_as_failing(
     row = stats.get_stats("stats-lease")
     assert row is not None and (row.acquired, row.failed) == (2, 0), row
     assert row.success_rate == 1.0
+
+
+# -- LeaderElection (issue 31: one implementation of leadership, for services) ---------------------
+
+ELECTION_HOLDER = """
+import os, sys, time
+import django
+django.setup()
+from django_redislock import LeaderElection
+election = LeaderElection("paused-leader", timeout=1.0)
+with election.lead() as term:
+    print(f"leading {term.token}", flush=True)
+    while True:
+        # What a careful leader does before every action: look at term.lost.
+        if term.lost.is_set():
+            print("lost before acting", flush=True)
+            break
+        print(f"act {time.monotonic()!r}", flush=True)
+        time.sleep(0.05)
+"""
+
+
+def test_one_leader_at_a_time_and_each_term_has_a_greater_token() -> None:
+    from django_redislock import LeaderElection, LockNotAcquiredError
+
+    first, second = LeaderElection("elected", timeout=2), LeaderElection("elected", timeout=2)
+    elected: list[int] = []
+    first.on_elected(lambda term: elected.append(term.token))
+    with first.lead() as term:
+        assert first.is_leader() and not second.is_leader()
+        with pytest.raises(LockNotAcquiredError), second.lead(blocking=False):
+            pass
+        with pytest.raises(LockNotAcquiredError), second.lead(blocking_timeout=0.2):
+            pass
+        assert not term.lost.is_set()
+        token = term.token
+    assert not first.is_leader()
+    assert elected == [token]
+    with second.lead(blocking_timeout=1) as later:
+        assert later.token > token
+        assert not later.lost.is_set()
+
+
+def test_a_standby_takes_over_when_the_leader_steps_down() -> None:
+    from django_redislock import LeaderElection
+
+    leader, standby = LeaderElection("handover", timeout=5), LeaderElection("handover", timeout=5)
+    took_over = threading.Event()
+    times: dict[str, float] = {}
+
+    def stand_by() -> None:
+        with standby.lead(blocking_timeout=10):
+            times["elected"] = time.monotonic()
+            took_over.set()
+
+    with leader.lead():
+        thread = threading.Thread(target=stand_by)
+        thread.start()
+        time.sleep(0.3)
+        assert not took_over.is_set()
+        times["stepped_down"] = time.monotonic()
+    assert took_over.wait(5)
+    thread.join(5)
+    assert times["elected"] - times["stepped_down"] < 1.0  # woken by the release, not the lease
+
+
+def test_a_force_released_term_is_lost_and_on_lost_is_called() -> None:
+    from django_redislock import LeaderElection
+
+    election = LeaderElection("revoked", timeout=1.5)
+    lost_terms: list[int] = []
+    election.on_lost(lambda term: lost_terms.append(term.token))
+    with election.lead() as term:
+        assert force_release("revoked")
+        assert term.lost.wait(3)  # the next proof (every 0.5 s) finds it gone
+        assert not election.is_leader()
+    assert lost_terms == [term.token]
+
+
+def test_term_lost_reads_as_set_once_the_last_proof_is_older_than_the_lease() -> None:
+    from django_redislock import LeaderElection
+
+    election = LeaderElection("unproven", timeout=1.0)
+    with election.lead() as term:
+        election._stop.set()  # the keeper stops proving (as if this process were paused)
+        election.lease.lock.detach()  # nor does the watchdog renew
+        assert not term.lost.is_set()
+        assert term.lost.wait(2.0)  # by the clock alone, without anyone calling set()
+        assert not election.is_leader()
+
+
+def test_a_paused_leader_sees_term_lost_before_it_can_act_and_a_new_term_begins() -> None:
+    """SIGSTOP a leading process past its lease: another process is elected with a greater
+    token, and when the paused one resumes, its very first look at ``term.lost`` says lost."""
+    import signal
+    import subprocess
+    import sys
+
+    from django_redislock import LeaderElection
+    from tests.conftest import ROOT, subprocess_env
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ELECTION_HOLDER],
+        cwd=ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline().split()
+        assert first[0] == "leading"
+        assert proc.stdout.readline().startswith("act ")
+        os_kill = __import__("os").kill
+        os_kill(proc.pid, signal.SIGSTOP)
+        successor = LeaderElection("paused-leader", timeout=1.0)
+        with successor.lead(blocking_timeout=5) as term:
+            assert term.token > int(first[1])
+            resumed = time.monotonic()
+            os_kill(proc.pid, signal.SIGCONT)
+            out, _ = proc.communicate(timeout=20)
+        lines = out.split()
+        # Resumed, it acts at most once more — an action it had already decided on when it
+        # was stopped (what fencing tokens are for) — and then finds the term lost.
+        assert out.rstrip().endswith("lost before acting"), out
+        after = [float(t) for word, t in itertools.pairwise(lines) if word == "act"]
+        assert len([t for t in after if t >= resumed]) <= 1, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert lines.count("lost") == 1
