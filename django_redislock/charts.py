@@ -195,14 +195,22 @@ def distribution_chart(figures: LockStats, what: str) -> Chart:
     )
 
 
+def _rate_row(figures: LockStats) -> bool:
+    """A rate limiter's statistics row: decisions, and no lock acquisition."""
+    return bool(figures.allowed or figures.limited) and not (figures.acquired or figures.failed)
+
+
 def timeline_chart(rows: Sequence[LockStats]) -> Chart:
     """Acquisitions (and failed attempts, stacked on top) per minute, summed over ``rows``.
 
     Drawn :data:`WIDE` units wide with a tick every 10 minutes, and :attr:`Chart.compact`
-    :data:`NARROW` units wide with a tick every 15 minutes.
+    :data:`NARROW` units wide with a tick every 15 minutes. A rate limiter's row (its series
+    counts decisions, not acquisitions) is left out: its page shows its own minutes.
     """
     minutes: list[Minute] = []
     for figures in rows:
+        if _rate_row(figures):
+            continue
         for index, minute in enumerate(figures.per_minute):
             if index == len(minutes):
                 minutes.append(minute)

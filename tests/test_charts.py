@@ -106,3 +106,10 @@ def test_rate_limiters_and_throttled_tasks_show_in_the_outcome_chart():
     assert [t for t in texts if not t.isdigit()] == ["api:{n}", "report:{id}"]  # busiest first
     assert "42" in texts and "9" in texts  # the totals count the new outcomes
     assert set(chart.legend) == {"acquired", "allowed", "limited", "throttled"}
+
+
+def test_rate_limiter_rows_stay_out_of_the_acquisitions_timeline():
+    start = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    lock = LockStats("lock", acquired=2, per_minute=(Minute(start, 2, 0),))
+    limiter = LockStats("api", allowed=500, limited=90, per_minute=(Minute(start, 500, 90),))
+    assert charts.timeline_chart([lock, limiter]) == charts.timeline_chart([lock])
