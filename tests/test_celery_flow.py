@@ -129,36 +129,6 @@ def test_task_permits_and_lock_permits_cap_the_task_and_each_key_at_once(workers
     wait_for(lambda: lock_holders(permit_name(tasks.capped.flight_rules)) == [], 5)
 
 
-def test_a_sigkilled_workers_task_permit_comes_back_within_its_lease(workers, tmp_path):
-    WorkerProcess.log_dir = tmp_path
-    victim = WorkerProcess("flow-kill").start()
-    name = permit_name(tasks.one_permit.flight_rules)
-    lease = tasks.one_permit.flight_rules.lease
-    try:
-        result = tasks.one_permit.apply_async(("kill", 30), queue=victim.queue)
-        wait_for(lambda: starts("one-permit:kill"), 15)
-        [permit] = lock_holders(name)
-        assert (permit.kind, permit.task_id) == ("semaphore", result.id)
-        assert victim.proc is not None
-        os.killpg(victim.proc.pid, signal.SIGKILL)
-        killed = time.time()
-        victim.proc.wait(10)
-        # At the cap meanwhile: a run of another key is throttled until the permit is back.
-        waiting = tasks.one_permit.apply_async(("next",), queue=QUEUE)
-        wait_for(
-            lambda: all(p.task_id != result.id for p in lock_holders(name)),
-            lease + SLACK,
-            what="the dead worker's permit to expire",
-        )
-        assert time.time() - killed <= lease + SLACK
-        assert waiting.get(timeout=15) == "next"
-        [run] = starts("one-permit:next")
-        assert run["at"] >= killed
-    finally:
-        victim.stop()
-        broker().delete("flow-kill")
-
-
 def test_the_worker_frees_the_task_permit_of_a_dead_pool_child_before_its_lease_ends(workers):
     name = permit_name(tasks.long_permit.flight_rules)
     result = tasks.long_permit.apply_async(("dead-child", 60), queue=QUEUE)
@@ -225,28 +195,3 @@ def test_a_burst_that_keeps_going_runs_at_the_latest_lock_debounce_max_after_its
     run = next(e for e in debounced_runs("steady") if e["task_id"] == first_id)
     assert first_at + most - TOLERANCE <= run["at"] <= first_at + most + SLACK
     assert app.AsyncResult(later[-1]).get(timeout=15) == published[-1][2]
-
-
-def test_a_worker_killed_between_the_burst_and_its_run_does_not_lose_the_run(tmp_path):
-    WorkerProcess.log_dir = tmp_path
-    queue = "flow-debounce-kill"
-    broker().delete(queue)
-    victim = WorkerProcess(queue).start()
-    survivor = WorkerProcess(queue)
-    try:
-        ids = {publish_debounced("lost", value, queue=queue)[0] for value in (1, 2, 3)}
-        [flight_id] = ids
-        time.sleep(0.2)  # the victim has the message (it waits for its countdown there)
-        assert victim.proc is not None
-        os.killpg(victim.proc.pid, signal.SIGKILL)
-        victim.proc.wait(10)
-        assert debounced_runs("lost") == []
-        survivor.start()
-        # Its rescuer publishes the run again once it is overdue (RESCUE_GRACE after due).
-        assert app.AsyncResult(flight_id).get(timeout=30) == 3
-        [run] = debounced_runs("lost")
-        assert run["task_id"] == flight_id
-    finally:
-        victim.stop()
-        survivor.stop()
-        broker().delete(queue)
