@@ -689,3 +689,20 @@ def test_reset_rate_forgets_a_limiters_history_and_says_when_there_was_none():
 def test_reset_rate_with_redis_down_is_one_line():
     line = error_line(manage("redislock", "reset-rate", "x", **dead_redis()))
     assert "Redis is unreachable" in line
+
+
+def test_stats_show_a_limiters_decisions_only_where_there_are_any():
+    from django_redislock import RateLimiter
+
+    limiter = RateLimiter("stats-rate", "1/m")
+    limiter.try_acquire()
+    limiter.try_acquire()
+    with Lock("stats-lock", timeout=5):
+        pass
+    text = run("redislock", "stats")
+    [rate_line] = [line for line in text.splitlines() if line.startswith("stats-rate\t")]
+    [lock_line] = [line for line in text.splitlines() if line.startswith("stats-lock\t")]
+    assert rate_line.endswith("allowed=1\tlimited=1\tthrottled=0")
+    assert "allowed=" not in lock_line
+    [row] = [json.loads(x) for x in run("redislock", "stats", "stats-rate", "--json").splitlines()]
+    assert (row["allowed"], row["limited"], row["throttled"]) == (1, 1, 0)

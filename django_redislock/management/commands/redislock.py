@@ -368,6 +368,9 @@ class Command(BaseCommand):
                             "max_wait": row.wait_max,
                             "mean_hold": row.mean_hold,
                             "max_hold": row.hold_max,
+                            "allowed": row.allowed,
+                            "limited": row.limited,
+                            "throttled": row.throttled,
                         }
                     )
                 )
@@ -377,7 +380,7 @@ class Command(BaseCommand):
                     f"{escape(row.name)}\tacquired={row.acquired}\tcontended={row.contended}\t"
                     f"failed={row.failed}\tlost={row.lost}\tforce_released={row.force_released}"
                     f"\tsuccess={rate}\tmean_wait={_seconds(row.mean_wait)}\t"
-                    f"mean_hold={_seconds(row.mean_hold)}"
+                    f"mean_hold={_seconds(row.mean_hold)}{_flow_fields(row)}"
                 )
 
     # -- run --------------------------------------------------------------------------------------
@@ -510,6 +513,13 @@ def _dumps(data: dict[str, Any]) -> str:
     changes no value.
     """
     return json.dumps(data, ensure_ascii=False, sort_keys=False).translate(_JSON_LINE_BREAKS)
+
+
+def _flow_fields(row: Any) -> str:
+    """A rate limiter's decisions and a task's throttled runs, on rows that have any."""
+    if not (row.allowed or row.limited or row.throttled):
+        return ""
+    return f"\tallowed={row.allowed}\tlimited={row.limited}\tthrottled={row.throttled}"
 
 
 def _text_line(info: LockInfo) -> str:
