@@ -66,6 +66,7 @@ from django_redislock.operations import (
     force_release_info,
     lock_holders,
     page_locks,
+    rate_limit_info,
     reset_rate_limit,
 )
 
@@ -575,6 +576,8 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         name = decode_name(object_id)
         try:
             holders = lock_holders(name, using=self.using)
+            rate = rate_limit_info(name, using=self.using)
+            holders += [rate] if rate is not None else []
             figures = stats.get_stats(name, using=self.using)
         except LockBackendError as exc:
             context = self._context(request, name, lock_name=name, problem=self._problem(exc))

@@ -433,8 +433,8 @@ def holders_chart(
     holders: Sequence[LockInfo], duration: Callable[[float], str], *, limit: int = 15
 ) -> Chart:
     """The ``limit`` current holders held longest: one bar per holder, as long as its hold."""
-    held = (h for h in holders if not h.unreadable and h.kind != "rate")  # a limiter has no holder
-    shown = sorted(held, key=lambda h: (-h.held_for, h.name))[:limit]
+    holding = (h for h in holders if not h.unreadable and h.kind != "rate")  # limiters hold nothing
+    shown = sorted(holding, key=lambda h: (-h.held_for, h.name))[:limit]
     items = []
     for info in shown:
         held = duration(info.held_for)

@@ -43,6 +43,7 @@ __all__ = [
     "lock_holders",
     "lock_page",
     "page_locks",
+    "rate_limit_info",
     "reset_rate_limit",
 ]
 
@@ -239,15 +240,23 @@ def get_lock_info(name: str, *, using: str | None = None) -> LockInfo | None:
 
 def lock_holders(name: str, *, using: str | None = None) -> list[LockInfo]:
     """Every holder of ``name``: one entry for a lock, one per held permit of a semaphore
-    (oldest permit first), then a rate limiter of that name if it has a history."""
+    (oldest permit first). A rate limiter of that name holds nothing and is not listed here
+    (:func:`rate_limit_info`), so code that asks who holds a name never meets one."""
     client = get_client(using)
     keys = keyspace(using)
     with backend_errors(f"inspect lock {name!r}"):
-        infos = _read_holders(
-            client, keys, [keys.lock(name), keys.semaphore(name), keys.rate(name)]
-        )
-    order = {"lock": 0, "semaphore": 1, "rate": 2}
-    return sorted(infos, key=lambda info: (order[info.kind], info.fencing_token))
+        infos = _read_holders(client, keys, [keys.lock(name), keys.semaphore(name)])
+    return sorted(infos, key=lambda info: (info.kind != "lock", info.fencing_token))
+
+
+def rate_limit_info(name: str, *, using: str | None = None) -> LockInfo | None:
+    """The rate limiter ``name`` as a listing row (``kind="rate"``), or ``None`` when it has
+    no history (rested, or never used)."""
+    client = get_client(using)
+    keys = keyspace(using)
+    with backend_errors(f"inspect rate limit {name!r}"):
+        infos = _read_holders(client, keys, [keys.rate(name)])
+    return infos[0] if infos else None
 
 
 # -- paging and sorting ----------------------------------------------------------------------------

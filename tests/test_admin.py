@@ -1006,6 +1006,16 @@ def test_a_name_with_odd_characters_round_trips(operator):
     assert limiter.try_acquire()
 
 
+def test_a_posted_limiter_is_no_force_release_candidate(operator):
+    limiter = drained("not-a-lock")
+    client = logged_in(operator)
+    page = client.post(list_url(), release_post("not-a-lock", 0, confirmed=False))
+    assert "Are you sure" not in texts(page.content.decode())
+    client.post(list_url(), release_post("not-a-lock", 0, confirmed=True))
+    assert not limiter.try_acquire()  # untouched
+    assert not LogEntry.objects.exists()
+
+
 def test_resetting_a_rested_limiter_says_so(operator):
     client = logged_in(operator)
     response = client.post(reset_url("never-used"), {"post": "yes"}, follow=True)

@@ -20,6 +20,7 @@ from django_redislock import (
     RateDecision,
     RateLimited,
     RateLimiter,
+    get_lock_info,
     list_locks,
     signals,
     stats,
@@ -27,7 +28,7 @@ from django_redislock import (
 from django_redislock import scripts as lua
 from django_redislock.client import gcra_unit
 from django_redislock.kinds import RateKind
-from django_redislock.operations import lock_holders, reset_rate_limit
+from django_redislock.operations import lock_holders, rate_limit_info, reset_rate_limit
 from django_redislock.ratelimit import parse_rate
 from django_redislock.runtime import keyspace, runtime
 from tests.conftest import ROOT, subprocess_env
@@ -366,7 +367,10 @@ def test_limiters_show_in_listings_and_can_be_reset_by_operators():
     assert [i.kind for i in infos] == ["rate"]
     assert 0 < infos[0].expires_in <= 60
     assert infos[0].as_dict()["kind"] == "rate"
-    assert [i.kind for i in lock_holders("listed")] == ["rate"]
+    assert lock_holders("listed") == []  # a limiter holds nothing: never taken for a holder
+    info = rate_limit_info("listed")
+    assert info is not None and info.kind == "rate"
+    assert get_lock_info("listed") is None
     seen = []
     signals.rate_limit_reset.connect(lambda **kw: seen.append(kw), weak=False, dispatch_uid="t")
     try:
