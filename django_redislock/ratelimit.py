@@ -41,7 +41,7 @@ from django_redislock import stats
 from django_redislock.conf import check_seconds
 from django_redislock.drivers import adrive, drive
 from django_redislock.exceptions import RateLimited
-from django_redislock.flow import Call, Sleep
+from django_redislock.flow import Call, NotReplicated, Sleep
 from django_redislock.kinds import Decision, RateKind
 from django_redislock.naming import stats_shape
 from django_redislock.runtime import runtime
@@ -219,7 +219,13 @@ class _Limiter:
             # lose it and allow again): unacknowledged, NotReplicated (a LockBackendError) goes
             # up and the request does not pass. The state stays: the strict side.
             call = Call(script, keys, args, action, target.replicas, target.replicas_timeout_ms)
-            reply = yield call
+            try:
+                reply = yield call
+            except NotReplicated as exc:
+                # A refusal wrote nothing (WAIT gave up on earlier writes of the connection).
+                reply = exc.reply
+                if kind.read_decision(reply, native, script=script).allowed:
+                    raise
             decision: Decision = kind.read_decision(reply, native, script=script)
             retry_after = decision.retry_after_us / 1_000_000
             outcome = RateDecision(decision.allowed, retry_after, decision.remaining)
@@ -243,7 +249,15 @@ class _Limiter:
         key = target.keys.rate_schedule(self.name) if schedule else None
         script, keys, args = kind.decide_call(target, self.name, n, reserve_us=reserve_us, key=key)
         action = f"book rate limit {self.name!r}"
-        reply = yield Call(script, keys, args, action, target.replicas, target.replicas_timeout_ms)
+        try:
+            reply = yield Call(
+                script, keys, args, action, target.replicas, target.replicas_timeout_ms
+            )
+        except NotReplicated as exc:  # as in _decide: only what wrote something must count
+            decided = kind.read_decision(exc.reply)
+            if decided.allowed or decided.booked:
+                raise
+            reply = exc.reply
         decision: Decision = kind.read_decision(reply)
         booked = decision.allowed or decision.booked
         if not schedule:

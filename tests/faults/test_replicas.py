@@ -130,3 +130,22 @@ def test_a_rate_limiter_allowance_counts_once_the_replica_has_it(primary_and_rep
     refused = limiter.try_acquire()
     assert not refused and refused.retry_after > 0
     assert limiter.reserve(max_wait=60) is not None  # booking is acknowledged too
+
+
+def test_a_refusal_is_a_refusal_while_the_replica_stalls(primary_and_replica):
+    """A refused decision writes nothing: a stalled replica (WAIT gives up on the connection's
+    earlier writes) must not turn it into an error — ``acquire`` raises ``RateLimited``."""
+    from django_redislock import RateLimited, RateLimiter
+
+    _, replica = primary_and_replica
+    limiter = RateLimiter("stalled-refusal", "1/m")
+    assert limiter.try_acquire()
+    replica.pause()
+    try:
+        refused = limiter.try_acquire()
+        assert not refused and refused.retry_after > 0
+        with pytest.raises(RateLimited):
+            limiter.acquire(timeout=0.5)
+        assert limiter.reserve(max_wait=0.5) is None
+    finally:
+        replica.resume()
