@@ -338,8 +338,9 @@ class AsyncRateLimiter(_Limiter):
 
     async def _run(self, n: int, wait: bool, timeout: float | None) -> RateDecision:
         target = self._target()
-        native = _native.get(target, "?") if target in _native else "?"
-        if native == "?":
+        if target in _native:
+            native = _native[target]
+        else:  # the probe's round trips once per server, off the event loop
             native = await asyncio.to_thread(_native_unit, target, self.name)
         flow = self._decide(target, native, n, wait, timeout)
         return await adrive(flow, None, target)  # type: ignore[no-any-return]
