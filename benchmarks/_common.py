@@ -761,3 +761,15 @@ def sleep_until(moment: float) -> None:
     left = moment - time.perf_counter()
     if left > 0:
         time.sleep(left)
+
+
+def run_threads(body: Callable[[int], object], threads: int) -> float:
+    """Run ``body(0)`` ... ``body(threads - 1)`` in threads at once, wait for them all, and
+    return the process CPU seconds they took (every section's thread block)."""
+    workers = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(threads)]
+    cpu = time.process_time()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return time.process_time() - cpu

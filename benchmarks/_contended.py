@@ -434,19 +434,14 @@ def _many_keys(
                 mine.append(took)
                 count[0] += 1
 
-    workers = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(threads)]
-    cpu = time.process_time()
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
+    cpu_s = c.run_threads(body, threads)
     return {
         "latencies": [x for part in latencies for x in part],
         "ops": sum(x[0] for x in counts),
         "failures": sum(x[1] for x in counts),
         "stalls": sum(x[2] for x in counts),
         "all_ops": sum(x[3] for x in counts),
-        "cpu_s": time.process_time() - cpu,
+        "cpu_s": cpu_s,
     }
 
 

@@ -377,17 +377,12 @@ def accuracy_loop(
                 mine.append((called, clock()))
         counts[tid], errors[tid] = n, bad
 
-    workers = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(threads)]
-    cpu = time.process_time()
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
+    cpu_s = c.run_threads(body, threads)
     return {
         "allowed": [a for part in allowed for a in part],
         "decisions": sum(counts),
         "errors": sum(errors),
-        "cpu_s": time.process_time() - cpu,
+        "cpu_s": cpu_s,
     }
 
 

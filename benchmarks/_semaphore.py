@@ -33,7 +33,6 @@ permits is a real violation, never an artefact of the clocks.
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -324,16 +323,11 @@ def contended_loop(
             sem.release()
             mine.append((called, acquired, releasing, base + tid))
 
-    workers = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(threads)]
-    cpu = time.process_time()
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
+    cpu_s = c.run_threads(body, threads)
     return {
         "events": [e for part in events for e in part],
         "failures": sum(failures),
-        "cpu_s": time.process_time() - cpu,
+        "cpu_s": cpu_s,
     }
 
 

@@ -409,9 +409,6 @@ class RateKind:
     def check_target(self, target: Any) -> None:
         _one_deployment(target, "Rate limiters")
 
-    def holder_key(self, target: Any, name: str) -> str:
-        return target.keys.rate(name)  # type: ignore[no-any-return]
-
     def decide_call(
         self,
         target: Any,
