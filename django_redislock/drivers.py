@@ -2,6 +2,13 @@
 with ``await``. The same steps either way; only how a call is made and how a waiter sleeps
 differ.
 
+An attempt's call whose connection was lost (:attr:`~django_redislock.transport.NoReply.lost`:
+closed or reset, not timed out) is resent once, at once, on a fresh connection: every lock
+script is idempotent per attempt id, so the resend finds the hold or queue entry the first one
+made and adds nothing, and a connection dropped by a server restart, ``CLIENT KILL``, a proxy or
+a load balancer's idle timeout costs no unknown outcome. A rate limiter's calls (no attempt)
+are not idempotent and are never resent.
+
 A driver owns the attempt's :class:`~django_redislock.wakeups.Waiter`: it registers it when the
 flow first waits (a hand-off that came earlier is kept for it by the registry), resets it before
 each call (a message arriving while the call is in flight still counts), and unregisters it at
@@ -26,14 +33,17 @@ from django_redislock.flow import (
     Wait,
     Woken,
 )
+from django_redislock.transport import NoReply
 from django_redislock.wakeups import Waiter
 
 __all__ = [
     "Attempt",
     "SimpleFlow",
     "adrive",
+    "arun_attempt_call",
     "arun_call",
     "drive",
+    "run_attempt_call",
     "run_call",
 ]
 
@@ -67,6 +77,12 @@ class Attempt:
             if target.listener.connections != self.generation:
                 waiter.recheck_at = 0.0
         return waiter
+
+    def subscribed(self, listening: bool) -> None:
+        """The flow made sure this process listens, and queues only after that: nothing sent
+        to the subscription it found can be lost, so it is the one the waiter compares with."""
+        if listening:
+            self.generation = self.plan.target.listener.connections
 
     def before_call(self) -> None:
         self.sent = True
@@ -113,6 +129,26 @@ async def arun_call(target: Any, call: Call) -> Any:
     return await target.transport.arun(call.script, call.keys, call.args, call.action)
 
 
+def run_attempt_call(target: Any, call: Call) -> Any:
+    """:func:`run_call` for an attempt's call: resent once when its connection was lost."""
+    try:
+        return run_call(target, call)
+    except NoReply as exc:
+        if not exc.lost:
+            raise
+    return run_call(target, call)
+
+
+async def arun_attempt_call(target: Any, call: Call) -> Any:
+    """:func:`run_attempt_call` for asyncio."""
+    try:
+        return await arun_call(target, call)
+    except NoReply as exc:
+        if not exc.lost:
+            raise
+    return await arun_call(target, call)
+
+
 def drive(flow: Flow | SimpleFlow, attempt: Attempt | None, target: Any = None) -> Any:
     """Run ``flow`` with blocking I/O; returns what it returns. ``attempt`` ``None``: a flow
     of calls and sleeps only (a rate limiter's), on ``target``."""
@@ -122,10 +158,11 @@ def drive(flow: Flow | SimpleFlow, attempt: Attempt | None, target: Any = None) 
         while True:
             try:
                 if isinstance(op, Call):
-                    if attempt is not None:
+                    if attempt is None:
+                        result: Any = run_call(target, op)
+                    else:
                         attempt.before_call()
-                    result: Any = run_call(target, op)
-                    if attempt is not None:
+                        result = run_attempt_call(target, op)
                         attempt.replies += 1
                 elif isinstance(op, Sleep):
                     time.sleep(op.seconds)
@@ -142,6 +179,7 @@ def drive(flow: Flow | SimpleFlow, attempt: Attempt | None, target: Any = None) 
                 else:
                     assert isinstance(op, Subscribe)
                     result = target.listener.ensure(op.timeout)
+                    attempt.subscribed(result)
             except BaseException as exc:
                 op = flow.throw(exc)
             else:
@@ -161,10 +199,11 @@ async def adrive(flow: Flow | SimpleFlow, attempt: Attempt | None, target: Any =
         while True:
             try:
                 if isinstance(op, Call):
-                    if attempt is not None:
+                    if attempt is None:
+                        result: Any = await arun_call(target, op)
+                    else:
                         attempt.before_call()
-                    result: Any = await arun_call(target, op)
-                    if attempt is not None:
+                        result = await arun_attempt_call(target, op)
                         attempt.replies += 1
                 elif isinstance(op, Sleep):
                     await asyncio.sleep(op.seconds)
@@ -183,6 +222,7 @@ async def adrive(flow: Flow | SimpleFlow, attempt: Attempt | None, target: Any =
                 else:
                     assert isinstance(op, Subscribe)
                     result = await asyncio.to_thread(target.listener.ensure, op.timeout)
+                    attempt.subscribed(result)
             except BaseException as exc:
                 op = flow.throw(exc)
             else:

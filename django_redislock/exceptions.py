@@ -60,11 +60,13 @@ class LockOutcomeUnknown(LockBackendError):
     """A call may or may not have acted in Redis: its reply was lost (a timeout or a dropped
     connection after the command was sent), or it was cancelled or interrupted mid-call.
 
-    Nothing is guessed and nothing is resent. The package cancels exactly that attempt by its id
-    as soon as Redis answers again (in the background, and at the latest before this owner's
-    next call on the same lock goes out): a hold it may have taken is dropped and handed on, a
-    queue entry removed, an unfinished release finished. Until then, a hold it may have taken
-    ends by ``lease_ends_by`` at the latest (nobody renews it).
+    Nothing is guessed. (An acquisition whose connection was lost was already resent once on a
+    fresh connection; this is raised when that failed too, or for a timeout.) The package
+    cancels exactly that attempt by its id as soon as Redis answers again (in the background,
+    and at the latest before this owner's next call on the same lock goes out): a hold it may
+    have taken is dropped and handed on, a queue entry removed, an unfinished release finished.
+    Until then, a hold it may have taken ends by ``lease_ends_by`` at the latest (nobody renews
+    it).
 
     ``name``: the lock; ``action``: ``"acquire"``, ``"release"``, ``"renew"`` or ``"extend"``;
     ``attempt``: the id the call carried; ``lease_ends_by``: epoch seconds (``time.time()``) by

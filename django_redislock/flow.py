@@ -10,8 +10,9 @@ and :class:`Wait` (sleep, holding no connection), and returns :class:`Acquired` 
 with ``await``; the faces (:mod:`django_redislock.face`) record what it returns. What the
 protocol needs to know about the primitive comes from its kind (:mod:`django_redislock.kinds`).
 
-Nothing here is resent: an error from a call goes up to the face, which cancels the attempt by
-its id (see :class:`django_redislock.LockOutcomeUnknown`).
+Nothing here is resent (the drivers resend a call once when its connection was lost): an error
+from a call goes up to the face, which cancels the attempt by its id (see
+:class:`django_redislock.LockOutcomeUnknown`).
 """
 
 from __future__ import annotations

@@ -14,10 +14,13 @@ What a failure means is decided here, once, for every face:
   sends it; anything else becomes a plain :class:`~django_redislock.LockBackendError`;
 - **an error reply**: Redis answered; :class:`~django_redislock.LockBackendError`;
 - **no reply** (a timeout, a connection lost after the command may have been sent): the outcome
-  is unknown. :class:`NoReply` says so; the engine never resends, but cancels the attempt by its
-  id (see :mod:`django_redislock.flow`). redis-py itself may resend a command after a timeout
-  (its ``Retry``, on by default since redis-py 6): every script is idempotent per attempt id, so
-  a resend never adds a hold.
+  is unknown. :class:`NoReply` says so, and whether the connection was lost (``lost``) rather
+  than timed out. An acquisition's call whose connection was lost is resent once on a fresh
+  connection (:mod:`django_redislock.drivers`): the scripts are idempotent per attempt id, so
+  the resend finds what the first call did and adds nothing. Anything else is not resent; the
+  engine cancels the attempt by its id (see :mod:`django_redislock.flow`). redis-py itself may
+  resend a command (its ``Retry``, when the client has one): for the same reason that never
+  adds a hold.
 """
 
 from __future__ import annotations
@@ -67,6 +70,12 @@ class NoReply(LockBackendError):
     outcome is unknown. The engine turns it into :class:`~django_redislock.LockOutcomeUnknown`
     with what it knows about the attempt."""
 
+    def __init__(self, message: str, *, lost: bool = False) -> None:
+        super().__init__(message)
+        #: The connection was closed or reset (not a timeout): a resend goes on a new one, and
+        #: an unreachable server refuses it at once rather than after another socket timeout.
+        self.lost = lost
+
 
 def backend_error(exc: BaseException, action: str) -> LockBackendError:
     """The :class:`LockBackendError` a redis-py error while trying to ``action`` becomes (raise
@@ -86,7 +95,8 @@ def backend_error(exc: BaseException, action: str) -> LockBackendError:
     if isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError)):
         return NoReply(
             f"Redis did not answer while trying to {action}: {said}. Check the CACHES LOCATION "
-            "and that the server is up."
+            "and that the server is up.",
+            lost=not isinstance(exc, redis_errors.TimeoutError),
         )
     if isinstance(exc, redis_errors.ResponseError):
         text = str(exc)

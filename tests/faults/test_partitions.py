@@ -117,3 +117,87 @@ def test_a_deadline_inside_a_partition_is_honoured(proxied):
     assert result.get("acquired") is False or isinstance(result.get("error"), LockBackendError)
     assert result["took"] < 1.5 + SOCKET_TIMEOUT + 1.0  # type: ignore[operator]
     holder.release()
+
+
+# -- a connection lost mid-call: resent once, when that is safe -----------------------------------
+
+
+def _warm(using: str) -> None:
+    """Scripts loaded and a connection open, so the next EVALSHA is the one that runs."""
+    warm = Lock("warm", using=using)
+    assert warm.acquire(blocking=False)
+    warm.release()
+
+
+def test_an_acquisition_whose_connection_is_lost_is_resent_and_holds_once(proxied):
+    _warm("proxied")
+    direct = proxied.direct()
+    proxied.proxy.lose_next_reply(match=b"EVALSHA")  # it runs; the connection is reset
+    lock = Lock("lost-conn", using="proxied", timeout=10)
+    assert lock.acquire(blocking=False) is True
+    assert proxied.proxy.replies_lost == 1  # the fault happened
+    assert lock.hold_count == 1  # the resend found its own hold: nothing nested
+    fences = [k for k in direct.keys("redislock:fence*")]
+    assert [int(direct.get(k) or 0) for k in fences] == [lock.fencing_token]  # one token taken
+    lock.release()
+    assert not direct.exists("redislock:lock:{lost-conn}")
+
+
+def test_a_waiter_whose_queue_call_loses_its_connection_keeps_its_place(proxied):
+    holder = Lock("lost-queue", using="direct", timeout=30, owner="holder")
+    holder.acquire()
+    _warm("proxied")
+    proxied.proxy.lose_next_reply(match=b"EVALSHA")
+    result: dict[str, object] = {}
+
+    def wait() -> None:
+        try:
+            lock = Lock("lost-queue", using="proxied", timeout=5)
+            result["acquired"] = lock.acquire(blocking_timeout=10)
+            result["count"] = lock.hold_count
+            lock.release()
+        except LockBackendError as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wait_for(lambda: proxied.direct().llen("redislock:queue:{lost-queue}") == 1)
+    wait_for(lambda: proxied.proxy.replies_lost == 1, what="the lost reply")
+    time.sleep(0.3)
+    assert thread.is_alive() and "error" not in result, result
+    holder.release()
+    thread.join(10)
+    assert result == {"acquired": True, "count": 1}, result
+
+
+def test_a_timed_out_acquisition_is_not_resent(proxied):
+    from django_redislock import LockOutcomeUnknown
+
+    _warm("proxied")
+    proxied.proxy.blackhole(direction="down")  # requests run, replies are held
+    started = time.monotonic()
+    try:
+        with pytest.raises(LockOutcomeUnknown):
+            Lock("timed-out", using="proxied").acquire(blocking=False)
+        took = time.monotonic() - started
+    finally:
+        proxied.proxy.drop()
+        proxied.proxy.forward()
+    # One socket timeout for the call, at most one more for the clean-up; a resend would add
+    # a third.
+    assert took < 2 * SOCKET_TIMEOUT + 0.8, took
+
+
+def test_a_rate_decision_whose_connection_is_lost_is_not_resent(proxied):
+    from django_redislock import RateLimiter
+
+    limiter = RateLimiter("lost-rate", "1/m", using="proxied")
+    _warm("proxied")
+    limiter.try_acquire()  # its script loaded
+    limiter.reset()
+    proxied.proxy.lose_next_reply(match=b"EVALSHA")
+    with pytest.raises(LockBackendError):
+        limiter.try_acquire()  # counted on the server; a resend would have answered "limited"
+    assert proxied.proxy.replies_lost == 1
+    decision = limiter.try_acquire()
+    assert not decision.allowed and decision.retry_after > 0  # the lost allowance was counted
