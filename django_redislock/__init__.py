@@ -13,8 +13,10 @@ from django_redislock.exceptions import (
 )
 from django_redislock.leader import LeaderElection
 from django_redislock.lock import Lock
+from django_redislock.multilock import MultiLock
 from django_redislock.operations import LockInfo, force_release, get_lock_info, list_locks
 from django_redislock.ratelimit import AsyncRateLimiter, RateDecision, RateLimiter
+from django_redislock.rwlock import AsyncReadWriteLock, ReadWriteLock
 from django_redislock.semaphore import AsyncSemaphore, Semaphore
 
 __version__ = "0.1.0"
@@ -22,6 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncLock",
     "AsyncRateLimiter",
+    "AsyncReadWriteLock",
     "AsyncSemaphore",
     "LeaderElection",
     "Lock",
@@ -32,9 +35,11 @@ __all__ = [
     "LockNotAcquiredError",
     "LockNotOwnedError",
     "LockOutcomeUnknown",
+    "MultiLock",
     "RateDecision",
     "RateLimited",
     "RateLimiter",
+    "ReadWriteLock",
     "Semaphore",
     "distributed_lock",
     "force_release",

@@ -217,11 +217,7 @@ def acquire(plan: Plan) -> Flow:
         if result.state == HELD:
             return Acquired(result.token, result.count, contended)
         if result.state == REFUSED:
-            raise LockNotAcquiredError(
-                plan.name,
-                f"Lock {plan.name!r} is already held by this owner and reentrant=False: "
-                "acquiring it again would deadlock.",
-            )
+            raise LockNotAcquiredError(plan.name, kind.refusal(plan.name))
         if result.state == VOID:
             raise LockBackendError(
                 f"The attempt to acquire {plan.name!r} was cancelled before its call reached "

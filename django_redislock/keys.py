@@ -86,6 +86,23 @@ class KeySpace:
     def semaphore_queue(self, name: str) -> str:
         return f"{self.namespace}:semq:{{{tag_of(name)}}}"
 
+    def rw_write(self, name: str) -> str:
+        """A read-write lock's writer record (the holder key of its write side)."""
+        return f"{self.namespace}:rw:{{{tag_of(name)}}}"
+
+    def rw_readers(self, name: str) -> str:
+        """A read-write lock's readers: owner -> the end of that reader's lease."""
+        return f"{self.namespace}:rwr:{{{tag_of(name)}}}"
+
+    def rw_records(self, name: str) -> str:
+        return f"{self.namespace}:rwrec:{{{tag_of(name)}}}"
+
+    def rw_queue(self, name: str) -> str:
+        return f"{self.namespace}:rwq:{{{tag_of(name)}}}"
+
+    def rw_waiters(self, name: str) -> str:
+        return f"{self.namespace}:rwwait:{{{tag_of(name)}}}"
+
     def rate(self, name: str) -> str:
         """A rate limiter's state (GCRA's theoretical arrival time), expiring when rested."""
         return f"{self.namespace}:rate:{{{tag_of(name)}}}"

@@ -31,6 +31,7 @@ __all__ = [
     "Inspection",
     "LockKind",
     "RateKind",
+    "ReadWriteKind",
     "SemaphoreKind",
 ]
 
@@ -197,6 +198,13 @@ class LockKind:
         if state == VOID:
             return AcquireReply(VOID)
         return AcquireReply(state, token=int(reply[1]), count=int(reply[2]))
+
+    def refusal(self, name: str) -> str:
+        """Why an acquisition was refused at once (a REFUSED reply)."""
+        return (
+            f"Lock {name!r} is already held by this owner and reentrant=False: acquiring it "
+            "again would deadlock."
+        )
 
     def cancel_call(
         self,
@@ -447,3 +455,149 @@ class RateKind:
 
     def reset_call(self, target: Any, name: str) -> Call:
         return scripts.RATE_RESET, [target.keys.rate(name)], []
+
+
+class ReadWriteKind:
+    """One side of a read-write lock: ``writes`` False for the read lock, True for the write
+    lock. Any number of readers (each owner its own lease) or one writer; a queued writer blocks
+    new readers; re-entrant per owner; a writer may read (downgrade), a reader may not write
+    (refused at once: two readers upgrading would wait for each other for ever). Both sides
+    share the name's fencing counter and queue (``lua/rw_*.lua``)."""
+
+    batch_renewals = False
+    per_owner = True
+    reentrant = True
+
+    def __init__(self, *, writes: bool) -> None:
+        self.writes = writes
+        self.name = "write lock" if writes else "read lock"
+        self._mode = "w" if writes else "r"
+
+    def check_target(self, target: Any) -> None:
+        _one_deployment(target, "Read-write locks")
+
+    def holder_key(self, target: Any, name: str) -> str:
+        keys = target.keys
+        return keys.rw_write(name) if self.writes else keys.rw_readers(name)  # type: ignore[no-any-return]
+
+    def hold_ident(self, target: Any, name: str, owner: str, token: int) -> tuple[str, str, str]:
+        """One hold per (side, owner), however often it nests."""
+        return (target.alias, self.holder_key(target, name), owner)
+
+    def _keys(self, target: Any, name: str) -> list[str]:
+        keys = target.keys
+        return [
+            keys.rw_write(name),
+            keys.rw_readers(name),
+            keys.rw_records(name),
+            keys.fence(name),
+            keys.rw_queue(name),
+            keys.rw_waiters(name),
+        ]
+
+    def acquire_call(
+        self,
+        target: Any,
+        name: str,
+        *,
+        owner: str,
+        attempt: str,
+        meta: str,
+        lease: float,
+        queue: bool,
+        entry_ms: int,
+        known: str = "",
+    ) -> Call:
+        keys = [*self._keys(target, name), target.keys.void(name, attempt)]
+        args = [
+            owner,
+            max(1, int(lease * 1000)),
+            meta,
+            attempt,
+            "1" if queue else "0",
+            entry_ms,
+            self._mode,
+            known,
+        ]
+        return scripts.RW_ACQUIRE, keys, args
+
+    def read_acquire(self, reply: Any) -> AcquireReply:
+        state = int(reply[0])
+        if state == BUSY:
+            return AcquireReply(BUSY, wait_ms=int(reply[1]))
+        if state == VOID:
+            return AcquireReply(VOID)
+        return AcquireReply(state, token=int(reply[1]), count=int(reply[2]))
+
+    def refusal(self, name: str) -> str:
+        return (
+            f"Cannot take the write lock of {name!r}: this owner holds its read lock. An "
+            "upgrade could wait for ever (two readers upgrading wait for each other); release "
+            "the read lock first, or take the write lock first and then read (downgrade)."
+        )
+
+    def cancel_call(
+        self,
+        target: Any,
+        name: str,
+        owner: str,
+        attempt: str,
+        *,
+        take: bool = False,
+        lease: float = CLAIM_DEFAULT,
+        void_ms: int = 0,
+        meta: str = "{}",
+        here: str = "",
+    ) -> Call:
+        keys = [*self._keys(target, name), target.keys.void(name, attempt)]
+        args = [
+            owner,
+            attempt,
+            "1" if take else "0",
+            max(1, int(lease * 1000)),
+            target.keys.wake_channel_prefix,
+            void_ms,
+            self._mode,
+        ]
+        return scripts.RW_CANCEL, keys, args
+
+    def read_cancel(self, reply: Any) -> DropReply:
+        if isinstance(reply, list):
+            count = int(reply[2])
+            return DropReply(left=count, held=True, token=int(reply[1]), count=count)
+        return DropReply(left=int(reply))
+
+    def release_call(
+        self,
+        target: Any,
+        name: str,
+        owner: str,
+        *,
+        attempt: str,
+        token: int | None,
+        all_holds: bool,
+        lease: float,
+        here: str,
+    ) -> Call:
+        args = [
+            owner,
+            attempt,
+            "1" if all_holds else "0",
+            target.keys.wake_channel_prefix,
+            self._mode,
+        ]
+        return scripts.RW_RELEASE, self._keys(target, name), args
+
+    def read_release(self, reply: Any) -> DropReply:
+        return DropReply(left=int(reply))
+
+    def renew_call(
+        self, target: Any, name: str, owner: str, token: int, ms: int, mode: str
+    ) -> Call:
+        return scripts.RW_RENEW, self._keys(target, name)[:3], [owner, ms, mode, self._mode]
+
+    def inspect_call(self, target: Any, name: str, owner: str) -> Call:
+        return scripts.RW_INSPECT, self._keys(target, name)[:2], [owner, self._mode]
+
+    def read_inspect(self, reply: Any) -> Inspection:
+        return Inspection(held=int(reply[0]) > 0, owned=int(reply[1]) > 0)

@@ -33,6 +33,11 @@ __all__ = [
     "RELEASE",
     "RENEW",
     "RENEW_MANY",
+    "RW_ACQUIRE",
+    "RW_CANCEL",
+    "RW_INSPECT",
+    "RW_RELEASE",
+    "RW_RENEW",
     "SEM_ACQUIRE",
     "SEM_CANCEL",
     "SEM_FORCE_RELEASE",
@@ -159,6 +164,11 @@ DEBOUNCE_CLAIM = Script("debounce_claim.lua")
 DEBOUNCE_POSTPONE = Script("debounce_postpone.lua")
 DEBOUNCE_OVERDUE = Script("debounce_overdue.lua")
 DEBOUNCE_RESCUE = Script("debounce_rescue.lua")
+RW_ACQUIRE = Script("rw_acquire.lua")
+RW_RELEASE = Script("rw_release.lua")
+RW_CANCEL = Script("rw_cancel.lua")
+RW_RENEW = Script("rw_renew.lua")
+RW_INSPECT = Script("rw_inspect.lua")
 RATE = Script("rate.lua")
 RATE_RESET = Script("rate_reset.lua")
 #: Redis's own GCRA (where the server has it; see :mod:`django_redislock.ratelimit`).

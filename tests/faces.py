@@ -89,8 +89,9 @@ async def _value(read: Callable[[], Any]) -> Any:
 class AsyncFace:
     """``Lock``'s blocking interface, implemented by an ``AsyncLock`` (see the module doc)."""
 
-    def __init__(self, name: Any, **options: Any) -> None:
-        self._lock = AsyncLock(name, **options)
+    def __init__(self, name: Any, *, make: Callable[..., Any] = AsyncLock, **options: Any) -> None:
+        """``make(name, **options)`` builds the asyncio object (an ``AsyncLock`` by default)."""
+        self._lock = make(name, **options)
 
     def _run(self, work: Callable[[], Awaitable[Any]]) -> Any:
         return _runner().run(work)

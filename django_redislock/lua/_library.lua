@@ -318,3 +318,110 @@ local function sem_hand_off(sem_key, rec_key, fence_key, queue_key, waiters_key,
   sem_touch(sem_key, rec_key)
   return handed
 end
+
+-- Read-write locks. keys: {write, readers, records, fence, queue, waiters}.
+-- <ns>:rw:{name} is the writer's record (as a lock's, PX = lease); <ns>:rwr:{name} a sorted set
+-- owner -> the end of that reader's lease (server ms), one member per reading owner;
+-- <ns>:rwrec:{name} a hash owner -> that reader's record (as a lock's). The queue is a lock's
+-- (<ns>:rwq:{name} list of waiter ids, <ns>:rwwait:{name} their details) plus a field
+-- "w:<waiter>" for each waiter that wants to write.
+
+-- Drop readers whose lease ended.
+local function rw_purge(keys, now)
+  local dead = redis.call('ZRANGEBYSCORE', keys[2], '-inf', now)
+  for _, o in ipairs(dead) do redis.call('HDEL', keys[3], o) end
+  if #dead > 0 then redis.call('ZREMRANGEBYSCORE', keys[2], '-inf', now) end
+end
+
+-- The readers' keys live exactly as long as their longest lease.
+local function rw_touch(keys)
+  local last = redis.call('ZRANGE', keys[2], -1, -1, 'WITHSCORES')
+  if last[2] then
+    redis.call('PEXPIREAT', keys[2], last[2])
+    redis.call('PEXPIREAT', keys[3], last[2])
+  else
+    redis.call('DEL', keys[2], keys[3])
+  end
+end
+
+local function rw_dequeue(keys, waiter)
+  redis.call('HDEL', keys[6], 'w:' .. waiter)
+  if redis.call('HDEL', keys[6], waiter) == 1 then
+    redis.call('LREM', keys[5], 1, waiter)
+    return true
+  end
+  return false
+end
+
+-- Whether a live waiter queued ahead of `attempt` goes first: any waiter when `attempt` writes
+-- (writers are served in order), a writer when it reads (a waiting writer blocks new readers).
+-- Entries that expired are dropped on the way.
+local function rw_blocked(keys, attempt, writes, now)
+  for _, id in ipairs(redis.call('LRANGE', keys[5], 0, -1)) do
+    if id == attempt then return false end
+    local details = redis.call('HGET', keys[6], id)
+    local x = details and parse_details(details)
+    if not x or tonumber(x) <= now then
+      rw_dequeue(keys, id)
+    elseif writes or redis.call('HEXISTS', keys[6], 'w:' .. id) == 1 then
+      return true
+    end
+  end
+  return false
+end
+
+-- After a release: the waiters that may go now re-check at once (their acquire takes it in
+-- queue order): the oldest live waiter when it writes and nobody holds anything, else the
+-- readers at the head of the queue up to the first writer.
+local function rw_wake(keys, prefix, now)
+  if redis.call('EXISTS', keys[1]) == 1 then return end
+  local readers = redis.call('ZCARD', keys[2])
+  for _, id in ipairs(redis.call('LRANGE', keys[5], 0, -1)) do
+    local details = redis.call('HGET', keys[6], id)
+    local x = details and parse_details(details)
+    if x and tonumber(x) > now then
+      if redis.call('HEXISTS', keys[6], 'w:' .. id) == 1 then
+        if readers == 0 then redis.call('PUBLISH', channel_of(prefix, id), 'r ' .. id .. ' 0') end
+        return
+      end
+      redis.call('PUBLISH', channel_of(prefix, id), 'r ' .. id .. ' 0')
+      readers = readers + 1
+    end
+  end
+end
+
+-- The hold record of `owner` in mode `writes` (raw value, or nil).
+local function rw_raw(keys, owner, writes)
+  if writes then return redis.call('GET', keys[1]) end
+  return redis.call('HGET', keys[3], owner)
+end
+
+-- Drop the hold of `attempt` ("": the newest; all_holds: every hold) of `owner` in one mode;
+-- the last one lets the waiters that may go now re-check. -1: no such hold, else holds left.
+local function rw_drop(keys, owner, writes, attempt, all_holds, prefix, now)
+  local rec = parse(rw_raw(keys, owner, writes), owner)
+  if not rec then return -1 end
+  local left = ''
+  if not all_holds then
+    left = without(rec.a, attempt)
+    if not left then return -1 end
+  end
+  if left ~= '' then
+    local value = record(owner, left, rec.t, rec.at, nil, rec.m)
+    if writes then
+      redis.call('SET', keys[1], value, 'KEEPTTL')
+    else
+      redis.call('HSET', keys[3], owner, value)
+    end
+    return rec.n - 1
+  end
+  if writes then
+    redis.call('DEL', keys[1])
+  else
+    redis.call('HDEL', keys[3], owner)
+    redis.call('ZREM', keys[2], owner)
+    rw_touch(keys)
+  end
+  rw_wake(keys, prefix, now)
+  return 0
+end
