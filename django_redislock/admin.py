@@ -168,7 +168,12 @@ def holder_text(info: LockInfo) -> str:
     if info.queued:
         publisher = " · ".join(str(part) for part in (info.host, info.pid) if part)
         return _("queued — published by %(publisher)s") % {"publisher": publisher or "?"}
-    return " · ".join(str(part) for part in (info.host, info.pid, info.thread) if part)
+    holder = " · ".join(str(part) for part in (info.host, info.pid, info.thread) if part)
+    if info.mode == "read":
+        return _("reading: %(holder)s") % {"holder": holder}
+    if info.mode == "write":
+        return _("writing: %(holder)s") % {"holder": holder}
+    return holder
 
 
 def audit_text(info: LockInfo) -> str:

@@ -37,7 +37,14 @@ def tag_of(name: str) -> str:
 
 
 #: The kinds of holder keys :meth:`KeySpace.kind_of` tells apart, and their type segments.
-_SEGMENTS = {"lock": "lock", "semaphore": "sem", "rate": "rate"}
+_SEGMENTS = {
+    "lock": "lock",
+    "semaphore": "sem",
+    "rate": "rate",
+    "rwlock": "rw",
+    # A read-write lock's readers: listed as kind "rwlock" too (LockInfo.mode "read").
+    "rwlock-readers": "rwr",
+}
 
 _TAG_UNESCAPE = re.compile("%(25|7B|7D)")
 _TAG_UNESCAPES = {"25": "%", "7B": "{", "7D": "}"}
@@ -164,10 +171,11 @@ class KeySpace:
         return f"{escape_glob(self.namespace)}:lock:{{{glob}}}"
 
     def holder_pattern(self, match: str | None = None) -> str:
-        """SCAN pattern for lock, semaphore and rate limiter keys (``lock:``/``sem:``/``rate:``;
-        it also matches ``semrec:``/``semq:``, which :meth:`kind_of` sorts out)."""
+        """SCAN pattern for the holder keys of every kind (``lock:``, ``sem:``, ``rate:``,
+        ``rw:``, ``rwr:``; it also matches ``semrec:``, ``rwq:`` and the like, which
+        :meth:`kind_of` sorts out)."""
         glob = "*" if not match else "".join(_TAG_ESCAPES.get(c, c) for c in match)
-        return f"{escape_glob(self.namespace)}:?[oea][cmt]*:{{{glob}}}"
+        return f"{escape_glob(self.namespace)}:[lrs][oeaw]*:{{{glob}}}"
 
     @property
     def namespace_pattern(self) -> str:
@@ -176,8 +184,8 @@ class KeySpace:
         return f"{escape_glob(self.namespace)}:*"
 
     def kind_of(self, key: str) -> str | None:
-        """``"lock"``, ``"semaphore"`` or ``"rate"`` for a holder key of this namespace, else
-        ``None``."""
+        """``"lock"``, ``"semaphore"``, ``"rate"``, ``"rwlock"`` (the writer) or
+        ``"rwlock-readers"`` for a holder key of this namespace, else ``None``."""
         for kind, segment in _SEGMENTS.items():
             if key.startswith(f"{self.namespace}:{segment}:{{") and key.endswith("}"):
                 return kind

@@ -62,7 +62,8 @@ class LockInfo:
     hold_count: int
     acquired_at: dt.datetime
     expires_in: float
-    #: ``"lock"``, ``"semaphore"`` (one ``LockInfo`` per held permit) or ``"rate"`` (a rate
+    #: ``"lock"``, ``"semaphore"`` (one ``LockInfo`` per held permit), ``"rwlock"`` (a
+    #: read-write lock: one per reader, or its writer; see ``mode``) or ``"rate"`` (a rate
     #: limiter with a history: nobody holds it, ``expires_in`` is the time until it is rested,
     #: ``owner``/``host`` are empty and ``fencing_token`` 0).
     kind: str = "lock"
@@ -77,6 +78,8 @@ class LockInfo:
     unreadable: bool = False
     #: The start of an unreadable value, for operators ("" for a readable record).
     raw_excerpt: str = ""
+    #: A read-write lock's holder (``kind == "rwlock"``): ``"read"`` or ``"write"``; else "".
+    mode: str = ""
 
     @property
     def held_for(self) -> float:
@@ -103,6 +106,7 @@ class LockInfo:
             # JSON has no infinity; null says "no lease" without breaking strict parsers.
             "expires_in": self.expires_in if self.expires else None,
             "kind": self.kind,
+            "mode": self.mode,
             "permits": self.permits,
             "queued": self.queued,
             "unreadable": self.unreadable,
@@ -132,6 +136,9 @@ def describe_holder(info: LockInfo) -> str:
 def _info(keys: KeySpace, record: LockRecord, permits: int = 1) -> LockInfo:
     meta = record.meta
     pid = meta.get("pid")
+    kind, mode = keys.kind_of(record.key) or "lock", ""
+    if kind.startswith("rwlock"):
+        kind, mode = "rwlock", "read" if kind == "rwlock-readers" else "write"
     try:
         pid = int(pid) if pid is not None else None
     except (TypeError, ValueError):
@@ -149,7 +156,8 @@ def _info(keys: KeySpace, record: LockRecord, permits: int = 1) -> LockInfo:
         # A value without a TTL (pttl -1: only something else writes such values) never expires.
         expires_in=record.pttl_ms / 1000 if record.pttl_ms >= 0 else float("inf"),
         queued=bool(meta.get("queued")),
-        kind=keys.kind_of(record.key) or "lock",
+        kind=kind,
+        mode=mode,
         permits=permits,
         unreadable=record.unreadable,
         raw_excerpt=record.raw_excerpt,
@@ -189,8 +197,12 @@ def _read_holders(client: Any, keys: KeySpace, found: list[str]) -> list[LockInf
     lock_keys = [k for k in found if keys.kind_of(k) == "lock"]
     sem_keys = [k for k in found if keys.kind_of(k) == "semaphore"]
     rate_keys = [k for k in found if keys.kind_of(k) == "rate"]
+    lock_keys += [k for k in found if keys.kind_of(k) == "rwlock"]
     infos = [_info(keys, r) for r in redis_client.read_locks(client, lock_keys)]
     pairs = [(k, keys.semaphore_records(keys.name_of(k))) for k in sem_keys]
+    pairs += [
+        (k, keys.rw_records(keys.name_of(k))) for k in found if keys.kind_of(k) == "rwlock-readers"
+    ]
     for _, permits, records in redis_client.read_semaphores(client, pairs):
         infos.extend(_info(keys, r, permits) for r in records)
     if rate_keys:
@@ -245,8 +257,13 @@ def lock_holders(name: str, *, using: str | None = None) -> list[LockInfo]:
     client = get_client(using)
     keys = keyspace(using)
     with backend_errors(f"inspect lock {name!r}"):
-        infos = _read_holders(client, keys, [keys.lock(name), keys.semaphore(name)])
+        infos = _read_holders(client, keys, _holder_keys(keys, name))
     return sorted(infos, key=lambda info: (info.kind != "lock", info.fencing_token))
+
+
+def _holder_keys(keys: KeySpace, name: str) -> list[str]:
+    """The keys that can name a holder of ``name``: a lock, a semaphore, a read-write lock."""
+    return [keys.lock(name), keys.semaphore(name), keys.rw_write(name), keys.rw_readers(name)]
 
 
 def rate_limit_info(name: str, *, using: str | None = None) -> LockInfo | None:
@@ -436,7 +453,7 @@ def force_release_info(
 
 def _holder_tokens(target: Target, name: str) -> list[int]:
     keys = target.keys
-    infos = _read_holders(target.client, keys, [keys.lock(name), keys.semaphore(name)])
+    infos = _read_holders(target.client, keys, _holder_keys(keys, name))
     return [info.fencing_token for info in infos]
 
 
@@ -483,9 +500,32 @@ def _force_one(target: Target, name: str, token: int) -> list[tuple[LockInfo, st
         keys.semaphore_waiters(name),
     ]
     sem_reply = run(scripts.SEM_FORCE_RELEASE, sem_keys, [str(token), *wake], action)
-    return [
+    found = [
         _released(keys, parse_record(keys.semaphore(name), sem_reply[2 + 2 * i], 0))
         for i in range(int(sem_reply[0]))
+    ]
+    if found:
+        return found
+    rw_keys = [
+        keys.rw_write(name),
+        keys.rw_readers(name),
+        keys.rw_records(name),
+        keys.fence(name),
+        keys.rw_queue(name),
+        keys.rw_waiters(name),
+    ]
+    rw_reply = run(
+        scripts.RW_FORCE_RELEASE, rw_keys, [str(token), keys.wake_channel_prefix], action
+    )
+    sides = {b"w": keys.rw_write(name), "w": keys.rw_write(name)}
+    return [
+        _released(
+            keys,
+            parse_record(
+                sides.get(rw_reply[1 + 2 * i], keys.rw_readers(name)), rw_reply[2 + 2 * i], 0
+            ),
+        )
+        for i in range(int(rw_reply[0]))
     ]
 
 

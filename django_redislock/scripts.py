@@ -35,6 +35,7 @@ __all__ = [
     "RENEW_MANY",
     "RW_ACQUIRE",
     "RW_CANCEL",
+    "RW_FORCE_RELEASE",
     "RW_INSPECT",
     "RW_RELEASE",
     "RW_RENEW",
@@ -169,6 +170,7 @@ RW_RELEASE = Script("rw_release.lua")
 RW_CANCEL = Script("rw_cancel.lua")
 RW_RENEW = Script("rw_renew.lua")
 RW_INSPECT = Script("rw_inspect.lua")
+RW_FORCE_RELEASE = Script("rw_force_release.lua")
 RATE = Script("rate.lua")
 RATE_RESET = Script("rate_reset.lua")
 #: Redis's own GCRA (where the server has it; see :mod:`django_redislock.ratelimit`).

@@ -49,6 +49,7 @@ TOPOLOGY_FILES = frozenset(
     {
         "test_cluster.py",
         "test_cluster_flow.py",
+        "test_cluster_coordination.py",
         "test_sentinel.py",
         "test_redlock.py",
         "test_harness.py",

@@ -357,3 +357,113 @@ def test_a_stopped_writer_loses_the_lock_to_readers_within_its_lease() -> None:
         proc.wait(10)
         if proc.stdout:
             proc.stdout.close()
+
+
+# -- operations: listing, commands, force release, admin ----------------------------------------
+
+
+def _two_readers_and_a_queued_writer(redis_client: Any, name: str) -> tuple[Any, Worker, Worker]:
+    mine = ReadWriteLock(name, timeout=30).read_lock()
+    assert mine.acquire()
+    other = started(_sync, name, "read")
+    wait_for(lambda: other.result is True)
+    writer = started(_sync, name, "write", blocking_timeout=20)
+    wait_for(lambda: queued(redis_client, name) == 1, what="the writer to queue")
+    return mine, other, writer
+
+
+def test_readers_and_writers_are_listed_per_holder(redis_client: Any) -> None:
+    from django_redislock import get_lock_info, list_locks
+    from django_redislock.operations import lock_holders
+
+    mine, other, writer = _two_readers_and_a_queued_writer(redis_client, "listed")
+    infos = [i for i in list_locks() if i.name == "listed"]
+    assert sorted((i.kind, i.mode) for i in infos) == [("rwlock", "read")] * 2
+    assert {i.fencing_token for i in infos} == {mine.fencing_token, other.token}
+    assert all(i.as_dict()["mode"] == "read" for i in infos)
+    mine.release()
+    other.finish()
+    wait_for(lambda: writer.result is True)
+    info = get_lock_info("listed")
+    assert info is not None and (info.kind, info.mode) == ("rwlock", "write")
+    assert [i.fencing_token for i in lock_holders("listed")] == [writer.token]
+    writer.finish()
+    assert not [i for i in list_locks() if i.name == "listed"]
+
+
+def test_force_release_of_one_reader_leaves_the_others_and_wakes_the_writer(
+    redis_client: Any,
+) -> None:
+    from django_redislock import force_release
+    from django_redislock.operations import lock_holders
+
+    mine, other, writer = _two_readers_and_a_queued_writer(redis_client, "forced")
+    assert force_release("forced", token=other.token)
+    assert [i.fencing_token for i in lock_holders("forced")] == [mine.fencing_token]
+    assert writer.result is None
+    assert force_release("forced", token=12345) is False  # changed hands: untouched
+    assert force_release("forced", token=mine.fencing_token)
+    wait_for(lambda: writer.result is True, timeout=3, what="the woken writer")
+    assert not mine.owned()
+    with pytest.raises(LockError):
+        mine.release()
+    other.finish()
+    writer.finish()
+
+
+def test_the_list_command_shows_each_side(redis_client: Any) -> None:
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    mine, other, writer = _two_readers_and_a_queued_writer(redis_client, "cmd")
+    out = io.StringIO()
+    call_command("redislock", "list", stdout=out)
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("cmd\t")]
+    assert len(lines) == 2 and all("side=read" in line for line in lines)
+    out = io.StringIO()
+    call_command("redislock", "list", "--json", stdout=out)
+    rows = [json.loads(line) for line in out.getvalue().splitlines() if line.strip()]
+    assert {(r["kind"], r["mode"]) for r in rows if r.get("name") == "cmd"} == {("rwlock", "read")}
+    mine.release()
+    other.finish()
+    writer.finish()
+
+
+@pytest.mark.django_db
+def test_the_admin_lists_readers_and_force_releases_one(
+    redis_client: Any, django_user_model: Any
+) -> None:
+    from django.contrib.admin.models import LogEntry
+    from django.contrib.auth.models import Permission
+    from django.test import Client
+    from django.urls import reverse
+
+    from django_redislock.operations import lock_holders
+
+    user = django_user_model.objects.create_user("op", password="pw", is_staff=True)
+    for codename in ("view_lock", "force_release_lock"):
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label="django_redislock", codename=codename)
+        )
+    client = Client()
+    client.force_login(user)
+    mine, other, writer = _two_readers_and_a_queued_writer(redis_client, "admin-rw")
+    url = reverse("admin:django_redislock_lock_changelist")
+    html = client.get(url).content.decode()
+    assert html.count("reading: ") == 2
+    assert f'value="{other.token}:admin-rw"' in html  # a checkbox per reader
+    post = {
+        "action": "force_release_selected",
+        "_selected_action": f"{other.token}:admin-rw",
+        "post": "yes",
+    }
+    client.post(url, post)
+    assert [i.fencing_token for i in lock_holders("admin-rw")] == [mine.fencing_token]
+    entry = LogEntry.objects.get()
+    assert f"fencing token {other.token}" in entry.change_message
+    mine.release()
+    wait_for(lambda: writer.result is True)
+    other.finish()
+    writer.finish()

@@ -533,6 +533,8 @@ def _text_line(info: LockInfo) -> str:
     else:
         owner = f"{info.host}:{info.pid}:{info.thread}"
     task = f" task={info.task_id}" if info.task_id else ""
+    if info.mode:
+        task += f" side={info.mode}"
     return (
         f"{info.name}\ttoken={info.fencing_token}\tholds={info.hold_count}\t"
         f"expires_in={expires}\towner={owner}{task}"
