@@ -11,6 +11,13 @@ from django_redislock.exceptions import (
     LockOutcomeUnknown,
     RateLimited,
 )
+from django_redislock.latch import (
+    AsyncBarrier,
+    AsyncCountDownLatch,
+    Barrier,
+    BrokenBarrierError,
+    CountDownLatch,
+)
 from django_redislock.leader import LeaderElection
 from django_redislock.lock import Lock
 from django_redislock.multilock import MultiLock
@@ -22,10 +29,15 @@ from django_redislock.semaphore import AsyncSemaphore, Semaphore
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncBarrier",
+    "AsyncCountDownLatch",
     "AsyncLock",
     "AsyncRateLimiter",
     "AsyncReadWriteLock",
     "AsyncSemaphore",
+    "Barrier",
+    "BrokenBarrierError",
+    "CountDownLatch",
     "LeaderElection",
     "Lock",
     "LockBackendError",

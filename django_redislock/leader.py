@@ -290,6 +290,61 @@ class LeaderElection:
         """Leading, with a lease proven less than ``timeout`` ago."""
         return self._term is not None and self.lease.is_leader
 
+    @property
+    def term(self) -> Term | None:
+        """The current term (``None`` when not leading)."""
+        return self._term
+
+    # -- step by step: for loops that prove the lease themselves (the beat, redislock run) ------
+    def elect(self, wait: float = 0.0) -> Term | None:
+        """Become the leader within ``wait`` seconds (0: one try); the new :class:`Term`, else
+        ``None``. Nothing proves the lease afterwards but :meth:`prove` (and the watchdog's
+        renewals): :meth:`lead` is this plus a thread that proves it. Raises
+        :class:`~django_redislock.LockBackendError` when Redis is unreachable."""
+        if self._term is not None:
+            if self.lease.is_leader:
+                return self._term
+            self.abandon()  # a term that can no longer be shown ends before a new one
+        if not self.lease.acquire(wait):
+            return None
+        term = Term(token=self.lease.fencing_token or 0, lost=_Lost(self.lease))
+        self._term = term
+        self._notify(self._on_elected, term)
+        return term
+
+    def prove(self) -> None:
+        """Prove the lease now (one owner-checked renewal); see :meth:`LeaderLease.prove`. A
+        lease found gone ends the term as lost (``on_lost`` runs) and raises
+        :class:`~django_redislock.LockNotOwnedError`."""
+        self.lease.prove()
+
+    def resign(self) -> bool:
+        """End the term by choice and release the lease, so that a standby takes over at once;
+        whether the lease was still ours. When Redis cannot be reached the lease is left to
+        expire (within ``timeout``) and :class:`~django_redislock.LockBackendError` is raised."""
+        term, self._term = self._term, None
+        lost = term is not None and term.lost.is_set()
+        if term is not None:
+            term.lost._ended = True  # type: ignore[attr-defined]
+        if lost:
+            self.lease.step_down()
+            return False
+        try:
+            return self.lease.release()
+        except LockBackendError:
+            self.lease.step_down()
+            raise
+
+    def abandon(self) -> None:
+        """End the term because leadership can no longer be shown (the lease is lost, or could
+        not be proven for ``timeout``): ``on_lost`` runs if it has not, and nothing is sent to
+        Redis (it may be unreachable); the lease expires by itself."""
+        term, self._term = self._term, None
+        if term is not None:
+            self._lose(term)
+            term.lost._ended = True  # type: ignore[attr-defined]
+        self.lease.step_down()
+
     def on_elected(self, callback: Callable[[Term], None]) -> Callable[[Term], None]:
         """Call ``callback(term)`` when this process becomes the leader (usable as decorator)."""
         self._on_elected.append(callback)
@@ -312,31 +367,23 @@ class LeaderElection:
             wait = FOREVER
         if self._term is not None:
             raise RuntimeError(f"{self!r} is already leading: terms do not nest")
-        if not self.lease.acquire(wait):
+        term = self.elect(wait)
+        if term is None:
             raise LockNotAcquiredError(
                 self.name, f"Another process leads {self.name!r}: not elected in time."
             )
-        term = Term(token=self.lease.fencing_token or 0, lost=_Lost(self.lease))
-        self._term = term
         self._stop.clear()
         keeper = threading.Thread(
             target=self._keep, args=(term,), name=f"redislock-leader-{self.name}", daemon=True
         )
         keeper.start()
-        self._notify(self._on_elected, term)
         try:
             yield term
         finally:
             self._stop.set()
             keeper.join(self.lease.timeout)
-            self._term = None
-            lost = term.lost.is_set()
-            term.lost._ended = True  # type: ignore[attr-defined]
-            if not lost:
-                try:
-                    self.lease.release()
-                except LockBackendError:
-                    self.lease.step_down()  # the lease expires by itself
+            with contextlib.suppress(LockBackendError):  # the lease expires by itself
+                self.resign()
 
     def _keep(self, term: Term) -> None:
         """Prove the lease every ``timeout / 3`` until the term ends or is lost."""

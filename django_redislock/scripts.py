@@ -19,6 +19,8 @@ from redis.exceptions import ResponseError
 
 __all__ = [
     "ACQUIRE",
+    "BARRIER_INSPECT",
+    "BARRIER_WAIT",
     "CANCEL",
     "DEBOUNCE_CLAIM",
     "DEBOUNCE_GATHER",
@@ -27,6 +29,9 @@ __all__ = [
     "DEBOUNCE_RESCUE",
     "FORCE_RELEASE",
     "INSPECT",
+    "LATCH_COUNT_DOWN",
+    "LATCH_INSPECT",
+    "LATCH_WAIT",
     "NATIVE_GCRA",
     "RATE",
     "RATE_RESET",
@@ -171,6 +176,11 @@ RW_CANCEL = Script("rw_cancel.lua")
 RW_RENEW = Script("rw_renew.lua")
 RW_INSPECT = Script("rw_inspect.lua")
 RW_FORCE_RELEASE = Script("rw_force_release.lua")
+LATCH_COUNT_DOWN = Script("latch_count_down.lua")
+LATCH_WAIT = Script("latch_wait.lua")
+LATCH_INSPECT = Script("latch_inspect.lua")
+BARRIER_WAIT = Script("barrier_wait.lua")
+BARRIER_INSPECT = Script("barrier_inspect.lua")
 RATE = Script("rate.lua")
 RATE_RESET = Script("rate_reset.lua")
 #: Redis's own GCRA (where the server has it; see :mod:`django_redislock.ratelimit`).

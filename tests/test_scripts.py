@@ -11,7 +11,8 @@ from django_redislock import scripts
 ALL = [getattr(scripts, name) for name in scripts.__all__]
 SCRIPTS = [s for s in ALL if isinstance(s, scripts.Script) and s.command is None]
 #: Scripts of one key of their own (rate limiters), which share nothing with the lock scripts.
-SELF_CONTAINED = {scripts.RATE, scripts.RATE_RESET}
+#: Scripts that need nothing from the library (a rate decision, a latch read).
+SELF_CONTAINED = {scripts.RATE, scripts.RATE_RESET, scripts.LATCH_INSPECT}
 LIBRARY = scripts._definitions()
 
 

@@ -19,6 +19,9 @@ with the usual ``CELERY`` namespace; a subclass may set the class attributes ins
 
 **Never two senders** (fail-closed; the README has the argument and its assumptions):
 
+- The beats stand in one :class:`~django_redislock.LeaderElection` (``leader_election``:
+  ``on_elected`` / ``on_lost`` callbacks follow its terms), which they drive step by step from
+  the beat loop (``elect``, ``prove``, ``resign``, ``abandon``) instead of ``lead()``'s thread.
 - The leader *proves* its lease (:meth:`~django_redislock.leader.LeaderLease.prove`: one
   owner-checked renewal round trip, which also resets the lease to ``timeout``) right before
   each due task it sends. A proof that fails — lease expired or force-released, Redis
@@ -55,7 +58,7 @@ from django_redislock import client as redis_client
 from django_redislock.celery import periodic
 from django_redislock.conf import get_settings
 from django_redislock.exceptions import LockBackendError, LockError, LockNotOwnedError
-from django_redislock.leader import LeaderLease
+from django_redislock.leader import LeaderElection, LeaderLease
 from django_redislock.runtime import get_client, keyspace
 from django_redislock.transport import backend_errors
 
@@ -96,7 +99,7 @@ class LeaderSchedulerMixin(_SchedulerBase):
     #: ``CACHES`` alias; ``None``: ``app.conf.redislock_beat_using``, else ``REDISLOCK["CACHE"]``.
     leader_using: str | None = None
 
-    _lease: LeaderLease | None = None
+    _election: LeaderElection | None = None
     #: This beat believes it is the leader (state changes are logged once).
     _leading: bool = False
     _standing_by: bool = False
@@ -109,9 +112,10 @@ class LeaderSchedulerMixin(_SchedulerBase):
 
     # -- configuration -----------------------------------------------------------------------------
     @property
-    def leader_lease(self) -> LeaderLease:
-        """The lease (created on first use, when Django settings are loaded)."""
-        if self._lease is None:
+    def leader_election(self) -> LeaderElection:
+        """The election this beat stands in (created on first use, when Django settings are
+        loaded): register ``on_elected`` / ``on_lost`` callbacks on it to follow the terms."""
+        if self._election is None:
             conf = self.app.conf
             name = self.leader_lock or conf.get("redislock_beat_lock")
             if not name:
@@ -119,12 +123,17 @@ class LeaderSchedulerMixin(_SchedulerBase):
                 name = f"celery-beat:{main}" if main else "celery-beat"
             timeout = self.leader_timeout or conf.get("redislock_beat_timeout")
             using = self.leader_using or conf.get("redislock_beat_using")
-            self._lease = LeaderLease(
+            self._election = LeaderElection(
                 str(name),
                 timeout=float(timeout) if timeout is not None else None,
                 using=using,
             )
-        return self._lease
+        return self._election
+
+    @property
+    def leader_lease(self) -> LeaderLease:
+        """The election's lease (what is proven, renewed and released)."""
+        return self.leader_election.lease
 
     @property
     def info(self) -> str:
@@ -166,7 +175,7 @@ class LeaderSchedulerMixin(_SchedulerBase):
 
     def _stand_by(self, lease: LeaderLease) -> float:
         try:
-            acquired = lease.acquire(wait=self._standby_wait())
+            acquired = self.leader_election.elect(self._standby_wait()) is not None
         except LockNotOwnedError:  # lost again right after it was acquired
             return 0.0
         except LockBackendError as exc:
@@ -186,7 +195,7 @@ class LeaderSchedulerMixin(_SchedulerBase):
         try:
             self._take_over()
         except LockBackendError as exc:
-            lease.step_down()
+            self.leader_election.abandon()
             self._redis_unreachable(exc)
             return self._retry_delay()
         self._leading = True
@@ -220,7 +229,7 @@ class LeaderSchedulerMixin(_SchedulerBase):
     def _prove(self, action: str) -> bool:
         lease = self.leader_lease
         try:
-            lease.prove()
+            self.leader_election.prove()
         except LockNotOwnedError:
             self._stop_leading(f"the leader lease was lost (found when trying to {action})")
             return False
@@ -231,7 +240,7 @@ class LeaderSchedulerMixin(_SchedulerBase):
 
     def _stop_leading(self, reason: str) -> None:
         lease = self.leader_lease
-        lease.step_down()
+        self.leader_election.abandon()
         if self._leading:
             logger.error(
                 "beat: stopped scheduling: %s. This beat is no longer the leader of %r; it "
@@ -453,12 +462,13 @@ class LeaderSchedulerMixin(_SchedulerBase):
             self._resign()
 
     def _resign(self) -> None:
-        lease = self._lease
-        if lease is None or not self._leading:
+        election = self._election
+        if election is None or not self._leading:
             return
+        lease = election.lease
         self._leading = False
         try:
-            released = lease.release()
+            released = election.resign()
         except LockError as exc:
             logger.warning(
                 "beat: could not release the leader lease %r (%s); a standby takes over when it "

@@ -5,7 +5,8 @@
     manage.py redislock run --name nightly-export [--wait S | --skip] [--timeout T] [--grace G] \\
         -- /usr/local/bin/export --full
 
-The supervisor takes the lock (a :class:`~django_redislock.leader.LeaderLease`), starts the command
+The supervisor is elected (a :class:`~django_redislock.LeaderElection`, driven step by step: it
+proves the lease itself rather than in ``lead()``'s thread), starts the command
 in a process group of its own, renews the lease while it runs, and exits with the command's
 status. It never lets the command run on without the lease:
 
@@ -42,7 +43,7 @@ from types import FrameType
 from typing import Any
 
 from django_redislock.exceptions import LockBackendError, LockNotOwnedError
-from django_redislock.leader import LeaderLease
+from django_redislock.leader import LeaderElection, LeaderLease
 
 __all__ = [
     "EXIT_BUSY",
@@ -114,17 +115,18 @@ class Outcome:
 
 
 class Supervisor:
-    """Run one command under a held :class:`LeaderLease`; see the module docstring."""
+    """Run one command while this process leads ``election``; see the module docstring."""
 
     def __init__(
         self,
-        lease: LeaderLease,
+        election: LeaderElection,
         argv: Sequence[str],
         *,
         grace: float,
         warn: Callable[[str], None],
     ) -> None:
-        self.lease = lease
+        self.election = election
+        self.lease: LeaderLease = election.lease
         self.argv = list(argv)
         self.grace = grace
         self.warn = warn
@@ -218,7 +220,7 @@ class Supervisor:
                 elif now >= next_proof or outage_since is not None:
                     try:
                         if now >= next_proof:
-                            lease.prove()
+                            self.election.prove()
                             next_proof = now + every
                             if outage_since is not None:
                                 self.warn(

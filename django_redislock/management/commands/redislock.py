@@ -411,14 +411,15 @@ class Command(BaseCommand):
         verbosity: int = 1,
         **options: Any,
     ) -> None:
-        from django_redislock.leader import LeaderLease
+        from django_redislock.leader import LeaderElection
         from django_redislock.management import run
 
-        lease = LeaderLease(lock_name, timeout=timeout, using=using)
-        if not self._acquire_for_run(lease, wait, skip, using, verbosity):
+        election = LeaderElection(lock_name, timeout=timeout, using=using)
+        lease = election.lease
+        if not self._acquire_for_run(election, wait, skip, using, verbosity):
             return
         supervisor = run.Supervisor(
-            lease, command, grace=grace, warn=lambda line: self.stderr.write(line)
+            election, command, grace=grace, warn=lambda line: self.stderr.write(line)
         )
         if verbosity >= 2:
             self.stdout.write(
@@ -429,13 +430,13 @@ class Command(BaseCommand):
         try:
             outcome = supervisor.run()
         except OSError as exc:  # not Linux: Popen itself reports a command it cannot execute
-            self._release_after_run(lease)
+            self._release_after_run(election)
             status = run.EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else 126
             raise CommandError(
                 f"redislock run: cannot run {command[0]!r}: {exc.strerror or exc}",
                 returncode=status,
             ) from exc
-        released = self._release_after_run(lease)
+        released = self._release_after_run(election)
         if outcome.stopped is not None:
             raise CommandError(outcome.stopped, returncode=run.EXIT_LOST)
         if not released:
@@ -449,7 +450,7 @@ class Command(BaseCommand):
             raise SystemExit(outcome.status)
 
     def _acquire_for_run(
-        self, lease: Any, wait: float | None, skip: bool, using: str | None, verbosity: int
+        self, election: Any, wait: float | None, skip: bool, using: str | None, verbosity: int
     ) -> bool:
         """Take the lease; False when busy with ``--skip``; ``CommandError`` when busy otherwise.
 
@@ -468,12 +469,13 @@ class Command(BaseCommand):
             for signum in (signal.SIGTERM, signal.SIGINT):
                 previous[signum] = signal.signal(signum, stop_waiting)
         try:
-            acquired = lease.acquire(wait=wait or 0.0)
+            acquired = election.elect(wait or 0.0) is not None
         finally:
             for restored, handler in previous.items():
                 signal.signal(restored, handler)
         if acquired:
             return True
+        lease = election.lease
         info = get_lock_info(lease.name, using=using)
         holder = f" (held by {describe_holder(escaped(info))})" if info is not None else ""
         if skip:
@@ -489,10 +491,12 @@ class Command(BaseCommand):
             returncode=run.EXIT_BUSY,
         )
 
-    def _release_after_run(self, lease: Any) -> bool:
-        """Release the lease; False when it was no longer ours. Redis down: warn, True."""
+    def _release_after_run(self, election: Any) -> bool:
+        """End the term and release the lease; False when it was no longer ours. Redis down:
+        warn, True."""
+        lease = election.lease
         try:
-            return bool(lease.release())
+            return bool(election.resign())
         except LockBackendError as exc:
             self.stderr.write(
                 f"redislock run: could not release lock {lease.name!r} "
