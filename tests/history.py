@@ -13,7 +13,8 @@ Two halves:
 
 What is checked, and why each check is sound (no false alarm on a correct lock):
 
-``overlap`` — two owners holding one name at once. A *hold* runs from the moment ``acquire()``
+``overlap`` — two owners holding one name at once (two *readers* of a read-write lock may:
+    calls recorded with ``mode="read"``/``"write"`` are holds of its two sides). A *hold* runs from the moment ``acquire()``
     returned True to the moment ``release()`` was *called*: Redis gave the lock before the former
     and freed it after the latter, so a correct lock never lets two such intervals intersect.
     Holds whose owner saw the loss (``lock.lost``, ``LockNotOwnedError``/``LockLostError`` at
@@ -105,7 +106,19 @@ QUEUE_MARGIN = 2.0
 ACQUIRE_OUTCOMES = ("acquired", "not-acquired", "error", "unknown", "cancelled")
 RELEASE_OUTCOMES = ("released", "lost", "error", "unknown", "cancelled")
 
-_KEY_KINDS = {"lock": "lock", "queue": "queue", "sem": "sem", "semrec": "semrec", "semq": "semq"}
+_KEY_KINDS = {
+    "lock": "lock",
+    "queue": "queue",
+    "sem": "sem",
+    "semrec": "semrec",
+    "semq": "semq",
+    # A read-write lock (issue 31): the writer's record is a lock's; readers are permits.
+    "rw": "lock",
+    "rwr": "sem",
+    "rwq": "queue",
+}
+#: Where the records of a permit-like key's members are.
+_RECORDS = {"sem": "semrec", "rwr": "rwrec"}
 
 
 # -- recording -----------------------------------------------------------------------------------
@@ -451,7 +464,8 @@ def read_leftovers(clients: Iterable[Any], namespace: str = "redislock") -> list
                     tokens = [_text(t) for t in client.zrangebyscore(key, now_ms + 1, "+inf")]
                     if not tokens:
                         continue
-                    records_key = f"{prefix}semrec:{key[len(prefix) + len(segment) + 1 :]}"
+                    records = _RECORDS[segment]
+                    records_key = f"{prefix}{records}:{key[len(prefix) + len(segment) + 1 :]}"
                     for record in client.hmget(records_key, tokens):
                         pid = _pid_of(_text(record)) if record is not None else None
                         pids.update([pid] if pid is not None else [])
@@ -553,6 +567,8 @@ class _Hold:
     ended_by: str = ""  # the release outcome, or "killed"
     lost: bool = False
     depth: int = 1
+    #: A read-write lock's side ("read" or "write"); "" for a lock. Readers may overlap.
+    mode: str = ""
 
     @property
     def valid(self) -> bool:
@@ -639,6 +655,7 @@ def check_history(
         open_holds: dict[str, _Hold] = {}
         for e in owner_calls:
             name, outcome = str(e["name"]), e["outcome"]
+            side = f"{name}\0{e.get('mode') or ''}"  # one owner may hold both sides
             if outcome == "unknown":
                 unknowns.append(e)
             elif outcome == "cancelled":
@@ -650,7 +667,7 @@ def check_history(
                 token = e.get("token")
                 token = None if token is None else int(token)
                 count = int(e.get("hold_count") or 0)
-                hold = open_holds.get(name)
+                hold = open_holds.get(side)
                 if hold is not None:  # nested: keeps the outer token
                     hold.depth += 1
                     if token != hold.token:
@@ -675,11 +692,12 @@ def check_history(
                     float(e["end"]),
                     float(e.get("lease") or 0.0),
                     fresh=count <= 1,
+                    mode=str(e.get("mode") or ""),
                 )
-                open_holds[name] = hold
+                open_holds[side] = hold
                 holds.append(hold)
             elif e["op"] == "release":
-                hold = open_holds.get(name)
+                hold = open_holds.get(side)
                 if hold is None:
                     continue  # a release of nothing we hold (recorded all the same)
                 hold.depth -= 1
@@ -688,7 +706,7 @@ def check_history(
                 hold.end = float(e["start"])
                 hold.ended_by = str(outcome)
                 hold.lost = outcome == "lost" or bool(e.get("lost"))
-                del open_holds[name]
+                del open_holds[side]
         for hold in open_holds.values():
             if hold.pid in kills:
                 hold.end, hold.ended_by = kills[hold.pid], "killed"
@@ -729,7 +747,7 @@ def check_history(
             assert hold.end is not None
             active = [a for a in active if a.end is not None and a.end > hold.start]
             for other in active:
-                if other.owner == hold.owner:
+                if other.owner == hold.owner or (other.mode == hold.mode == "read"):
                     continue
                 if not exclusion_across_failovers and epoch(other.start) != epoch(hold.start):
                     report.exempt_overlaps += 1
@@ -771,6 +789,11 @@ def check_history(
                 )
         previous: _Hold | None = None
         for hold in (h for h in fresh if h.valid):
+            if previous is not None and previous.mode == hold.mode == "read":
+                # Two readers need not be ordered: the later-returning one may hold the older
+                # token (its reply was slower), both holds being legitimate at once.
+                previous = hold if (hold.token or 0) > (previous.token or 0) else previous
+                continue
             if (
                 previous is not None
                 and id(hold) not in flagged
@@ -783,7 +806,8 @@ def check_history(
                     Violation(
                         "token",
                         f"{name!r}: {hold.label} got token {hold.token} at {at(hold.start)} "
-                        f"after {previous.label}'s hold with token {previous.token} "
+                        f"{hold.mode} after {previous.label}'s {previous.mode} hold with token "
+                        f"{previous.token} "
                         f"({at(previous.start)}-{at(previous.end)})",
                     )
                 )

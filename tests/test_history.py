@@ -527,3 +527,42 @@ def test_errors_are_not_allowances_and_failovers_may_be_exempt() -> None:
     assert exempt.ok and exempt.exempt_over_limit == 1
     strict = check_history(events + exits(1), rates={"r": (10, 1.0, 2)}, failovers=[1.05])
     assert [v.kind for v in strict.violations] == ["over_limit"]
+
+
+# -- read-write locks (issue 31) ------------------------------------------------------------------
+
+
+def rw_hold(
+    h: History, mode: str, owner: str, acquired: float, released: float, token: int
+) -> None:
+    h.call("acquire", "rw", owner, acquired - 0.001, acquired, "acquired", token=token,
+           hold_count=1, mode=mode)  # fmt: skip
+    h.call("release", "rw", owner, released, released + 0.001, "released", mode=mode)
+
+
+def test_readers_of_a_read_write_lock_may_overlap() -> None:
+    h = History()
+    rw_hold(h, "read", "p1-t1", 1.0, 1.5, 10)
+    rw_hold(h, "read", "p1-t2", 1.1, 1.6, 11)
+    rw_hold(h, "write", "p1-t3", 1.7, 1.8, 12)
+    report = h.check()
+    assert report.ok, report
+
+
+def test_a_writer_overlapping_a_reader_or_a_writer_is_an_overlap() -> None:
+    h = History()
+    rw_hold(h, "read", "p1-t1", 1.0, 1.5, 10)
+    rw_hold(h, "write", "p1-t2", 1.2, 1.3, 11)
+    rw_hold(h, "write", "p1-t3", 1.25, 1.4, 12)
+    assert len(only(h.check(), "overlap")) == 3
+
+
+def test_one_owner_may_hold_both_sides() -> None:
+    h = History()
+    h.call("acquire", "rw", "p1-t1", 0.9, 1.0, "acquired", token=10, hold_count=1, mode="write")
+    h.call("acquire", "rw", "p1-t1", 1.0, 1.1, "acquired", token=11, hold_count=1, mode="read")
+    h.call("release", "rw", "p1-t1", 1.2, 1.21, "released", mode="write")
+    h.call("release", "rw", "p1-t1", 1.3, 1.31, "released", mode="read")
+    report = h.check()
+    assert report.ok, report
+    assert report.holds == 2
