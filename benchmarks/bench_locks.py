@@ -39,7 +39,16 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _aio, _contended, _held, _rate, _semaphore, _topology, _uncontended
+from benchmarks import (
+    _aio,
+    _contended,
+    _coord,
+    _held,
+    _rate,
+    _semaphore,
+    _topology,
+    _uncontended,
+)
 from benchmarks import _common as c
 
 SECTIONS = (
@@ -56,6 +65,7 @@ SECTIONS = (
     "failover",
     "replicas",
     "rate",
+    "coordination",
 )
 
 
@@ -143,6 +153,15 @@ class Plan:
     cel_workers: int = 4
     cel_tasks: int = 200
     cel_rate: int = 20
+    #: Section 13: read-mostly load on a read-write lock, and a barrier's round trip.
+    rw_procs: int = 8
+    rw_writes: float = 0.05
+    rw_hold: float = 0.001
+    rw_runs: int = 3
+    rw_rounds: int = 2
+    rw_duration: float = 2.0
+    bar_rounds: int = 100
+    bar_runs: int = 3
 
 
 FULL = Plan()
@@ -212,6 +231,12 @@ QUICK = Plan(
     cel_workers=2,
     cel_tasks=20,
     cel_rate=10,
+    rw_procs=2,
+    rw_runs=1,
+    rw_rounds=1,
+    rw_duration=0.3,
+    bar_rounds=5,
+    bar_runs=1,
 )
 
 Tables = dict[str, tuple[list[str], list[list[str]]]]
@@ -534,6 +559,27 @@ class Run:
         self.checks += _rate.checks(acc)
         errors = sum(run[p]["errors"] for run in acc["per_run"] for p in acc["peers"])
         self.checks.append(("rate: no limiter raised under load (12b)", errors == 0))
+
+    def coordination(self) -> None:
+        p = self.plan
+        rw = _coord.run_read_mostly(
+            self.pool,
+            self.pool.shared(p.rw_procs),
+            p.rw_writes,
+            p.rw_hold,
+            p.rw_runs,
+            p.rw_rounds,
+            p.rw_duration,
+            p.warm,
+            p.grace,
+        )
+        bar = _coord.run_barrier(self.pool, self.pool.shared(p.rw_procs), p.bar_rounds, p.bar_runs)
+        self.results["coordination"] = {"read_mostly": rw, "barrier": bar}
+        self._emit("coordination", _coord.tables(rw, bar), _coord.notes(rw, bar))
+        for peer in (_coord.RW_OURS, _coord.LOCK_OURS):
+            overlaps = sum(run[peer]["overlaps"] for run in rw["per_run"])
+            check = f"coordination: no write overlapped a hold ({peer})"
+            self.checks.append((check, overlaps == 0))
 
     def close(self) -> None:
         try:

@@ -129,6 +129,7 @@ def test_quick_run_of_every_section(tmp_path: Path) -> None:
         "failover",
         "replicas",
         "rate",
+        "coordination",
     }
     plan = data["plan"]
     assert len(results["uncontended"]["per_run"]) == plan["uc_runs"]
@@ -195,6 +196,15 @@ def test_quick_run_of_every_section(tmp_path: Path) -> None:
     assert celery["workers"] == plan["cel_workers"]
     for limit, figures in celery["results"].items():  # every task ran, under either limit
         assert figures["completed"] == celery["tasks"], limit
+    coordination = results["coordination"]
+    read_mostly = coordination["read_mostly"]
+    assert len(read_mostly["per_run"]) == plan["rw_runs"]
+    for run in read_mostly["per_run"]:  # every peer worked, and no write overlapped a hold
+        for peer, row in run.items():
+            assert row["ops_per_s"] > 0 and row["overlaps"] == 0, peer
+    barrier = coordination["barrier"]
+    assert len(barrier["per_run"]) == plan["bar_runs"]
+    assert all(run["rounds_per_s"] > 0 for run in barrier["per_run"])
     numbers = _numbers(results)
     assert numbers and not any(math.isinf(x) for x in numbers)
 
