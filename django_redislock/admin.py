@@ -59,6 +59,7 @@ from django_redislock.exceptions import LockBackendError
 from django_redislock.models import Lock
 from django_redislock.naming import stats_shape
 from django_redislock.operations import (
+    HOLDS_NOTHING,
     SORTS,
     BackendProblem,
     LockInfo,
@@ -218,9 +219,26 @@ class Row:
 
     @property
     def holder(self) -> str:
+        info = self.info
         if self.is_rate:
             return _("rate limiter (nobody holds it)")
-        return holder_text(self.info)
+        if info.kind == "latch":
+            return _("count-down latch: %(left)s of %(count)s left") % {
+                "left": info.hold_count,
+                "count": info.permits,
+            }
+        if info.kind == "barrier":
+            text = _("barrier: %(arrived)s of %(parties)s parties waiting") % {
+                "arrived": info.hold_count,
+                "parties": info.permits,
+            }
+            return text + (" " + _("(broken)") if info.mode == "broken" else "")
+        return holder_text(info)
+
+    @property
+    def holds_nothing(self) -> bool:
+        """A rate limiter, a latch or a barrier: listed, but nothing to force-release."""
+        return self.info.kind in HOLDS_NOTHING
 
     @property
     def is_rate(self) -> bool:
@@ -229,7 +247,7 @@ class Row:
 
     @property
     def held_for(self) -> str:
-        return "-" if self.info.unreadable or self.is_rate else duration(self.info.held_for)
+        return "-" if self.info.unreadable or self.holds_nothing else duration(self.info.held_for)
 
     @property
     def expires_in(self) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from django.utils.translation import gettext as _
 
-from django_redislock.operations import LockInfo
+from django_redislock.operations import HOLDS_NOTHING, LockInfo
 from django_redislock.stats import BUCKETS, LockStats, Minute
 
 __all__ = [
@@ -433,7 +433,7 @@ def holders_chart(
     holders: Sequence[LockInfo], duration: Callable[[float], str], *, limit: int = 15
 ) -> Chart:
     """The ``limit`` current holders held longest: one bar per holder, as long as its hold."""
-    holding = (h for h in holders if not h.unreadable and h.kind != "rate")  # limiters hold nothing
+    holding = (h for h in holders if not h.unreadable and h.kind not in HOLDS_NOTHING)
     shown = sorted(holding, key=lambda h: (-h.held_for, h.name))[:limit]
     items = []
     for info in shown:

@@ -297,3 +297,45 @@ def read_rates(client: Any, keys: Sequence[str]) -> list[tuple[str, int]]:
         if int(pttl) != -2:
             found.append((key, int(pttl)))
     return found
+
+
+def read_latches(client: Any, keys: Sequence[str]) -> list[tuple[str, int, int, int]]:
+    """``(key, remaining, initial count, ms until it expires)`` of each latch key that exists
+    (one pipeline of ``HMGET`` + ``PTTL``)."""
+    if not keys:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.hmget(key, "c", "n")
+        pipe.pttl(key)
+    values = pipe.execute(raise_on_error=False)
+    found = []
+    for i, key in enumerate(keys):
+        fields, pttl = values[2 * i], values[2 * i + 1]
+        if isinstance(fields, Exception) or isinstance(pttl, Exception) or fields[0] is None:
+            continue
+        found.append((key, int(fields[0]), int(fields[1] or 0), int(pttl)))
+    return found
+
+
+def read_barriers(
+    client: Any, keys: Sequence[tuple[str, str]]
+) -> list[tuple[str, int, int, bool, int]]:
+    """``(key, parties, arrived, broken, ms until it expires)`` of each barrier key that exists,
+    given ``(barrier key, its parties' key)`` pairs (one pipeline)."""
+    if not keys:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for key, parties_key in keys:
+        pipe.hmget(key, "p", "b")
+        pipe.pttl(key)
+        pipe.zcard(parties_key)
+    values = pipe.execute(raise_on_error=False)
+    found = []
+    for i, (key, _) in enumerate(keys):
+        fields, pttl, arrived = values[3 * i : 3 * i + 3]
+        if any(isinstance(v, Exception) for v in (fields, pttl, arrived)) or fields[0] is None:
+            continue
+        broken = fields[1] not in (None, b"0", "0")
+        found.append((key, int(fields[0]), int(arrived), broken, int(pttl)))
+    return found

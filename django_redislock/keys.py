@@ -44,6 +44,8 @@ _SEGMENTS = {
     "rwlock": "rw",
     # A read-write lock's readers: listed as kind "rwlock" too (LockInfo.mode "read").
     "rwlock-readers": "rwr",
+    "latch": "latch",
+    "barrier": "barrier",
 }
 
 _TAG_UNESCAPE = re.compile("%(25|7B|7D)")
@@ -171,11 +173,11 @@ class KeySpace:
         return f"{escape_glob(self.namespace)}:lock:{{{glob}}}"
 
     def holder_pattern(self, match: str | None = None) -> str:
-        """SCAN pattern for the holder keys of every kind (``lock:``, ``sem:``, ``rate:``,
-        ``rw:``, ``rwr:``; it also matches ``semrec:``, ``rwq:`` and the like, which
-        :meth:`kind_of` sorts out)."""
+        """SCAN pattern for the keys of every kind (``lock:``, ``sem:``, ``rate:``, ``rw:``,
+        ``rwr:``, ``latch:``, ``barrier:``; it also matches ``semrec:``, ``rwq:``, ``beat:`` and
+        the like, which :meth:`kind_of` sorts out)."""
         glob = "*" if not match else "".join(_TAG_ESCAPES.get(c, c) for c in match)
-        return f"{escape_glob(self.namespace)}:[lrs][oeaw]*:{{{glob}}}"
+        return f"{escape_glob(self.namespace)}:[blrs][oeaw]*:{{{glob}}}"
 
     @property
     def namespace_pattern(self) -> str:
@@ -184,8 +186,9 @@ class KeySpace:
         return f"{escape_glob(self.namespace)}:*"
 
     def kind_of(self, key: str) -> str | None:
-        """``"lock"``, ``"semaphore"``, ``"rate"``, ``"rwlock"`` (the writer) or
-        ``"rwlock-readers"`` for a holder key of this namespace, else ``None``."""
+        """``"lock"``, ``"semaphore"``, ``"rate"``, ``"rwlock"`` (the writer),
+        ``"rwlock-readers"``, ``"latch"`` or ``"barrier"`` for such a key of this namespace,
+        else ``None``."""
         for kind, segment in _SEGMENTS.items():
             if key.startswith(f"{self.namespace}:{segment}:{{") and key.endswith("}"):
                 return kind

@@ -10,6 +10,7 @@ here identifies a holder by ``(name, fencing_token)``, never by name alone.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import heapq
 from collections.abc import Callable, Iterator
@@ -63,9 +64,11 @@ class LockInfo:
     acquired_at: dt.datetime
     expires_in: float
     #: ``"lock"``, ``"semaphore"`` (one ``LockInfo`` per held permit), ``"rwlock"`` (a
-    #: read-write lock: one per reader, or its writer; see ``mode``) or ``"rate"`` (a rate
-    #: limiter with a history: nobody holds it, ``expires_in`` is the time until it is rested,
-    #: ``owner``/``host`` are empty and ``fencing_token`` 0).
+    #: read-write lock: one per reader, or its writer; see ``mode``), or one of the kinds
+    #: nobody holds (``owner``/``host`` empty, ``fencing_token`` 0): ``"rate"`` (a rate
+    #: limiter with a history; ``expires_in``: until it is rested), ``"latch"`` (``hold_count``:
+    #: the count left of ``permits``) or ``"barrier"`` (``hold_count``: parties arrived of
+    #: ``permits``; ``mode`` ``"broken"`` when broken).
     kind: str = "lock"
     #: How many holders the name admits at once (1 for a lock).
     permits: int = 1
@@ -78,7 +81,8 @@ class LockInfo:
     unreadable: bool = False
     #: The start of an unreadable value, for operators ("" for a readable record).
     raw_excerpt: str = ""
-    #: A read-write lock's holder (``kind == "rwlock"``): ``"read"`` or ``"write"``; else "".
+    #: A read-write lock's holder (``kind == "rwlock"``): ``"read"`` or ``"write"``; a broken
+    #: barrier: ``"broken"``; else "".
     mode: str = ""
 
     @property
@@ -205,11 +209,46 @@ def _read_holders(client: Any, keys: KeySpace, found: list[str]) -> list[LockInf
     ]
     for _, permits, records in redis_client.read_semaphores(client, pairs):
         infos.extend(_info(keys, r, permits) for r in records)
+    now = dt.datetime.now(dt.timezone.utc)
     if rate_keys:
-        now = dt.datetime.now(dt.timezone.utc)
         for key, pttl in redis_client.read_rates(client, rate_keys):
             infos.append(_rate_info(keys, key, pttl, now))
+    latch_keys = [k for k in found if keys.kind_of(k) == "latch"]
+    for key, left, count, pttl in redis_client.read_latches(client, latch_keys):
+        infos.append(_coordination_info(keys, key, "latch", left, count, pttl, now))
+    barrier_keys = [
+        (k, k.replace(":barrier:", ":barrierw:", 1)) for k in found if keys.kind_of(k) == "barrier"
+    ]
+    for key, parties, arrived, broken, pttl in redis_client.read_barriers(client, barrier_keys):
+        info = _coordination_info(keys, key, "barrier", arrived, parties, pttl, now)
+        infos.append(dataclasses.replace(info, mode="broken" if broken else ""))
     return infos
+
+
+#: Kinds listed although nobody holds them: nothing to force-release, no holder, token 0.
+HOLDS_NOTHING = frozenset({"rate", "latch", "barrier"})
+
+
+def _coordination_info(
+    keys: KeySpace, key: str, kind: str, number: int, of: int, pttl_ms: int, now: dt.datetime
+) -> LockInfo:
+    """A latch (``hold_count``: the count left, ``permits``: its initial count) or a barrier
+    (``hold_count``: parties arrived in this round, ``permits``: its parties; ``mode``
+    ``"broken"`` when broken) as a listing row; ``expires_in``: until its keys expire unused."""
+    return LockInfo(
+        name=keys.name_of(key),
+        owner="",
+        host="",
+        pid=None,
+        thread="",
+        task_id=None,
+        fencing_token=0,
+        hold_count=number,
+        acquired_at=now,
+        expires_in=pttl_ms / 1000 if pttl_ms >= 0 else float("inf"),
+        kind=kind,
+        permits=of,
+    )
 
 
 def _rate_info(keys: KeySpace, key: str, pttl_ms: int, now: dt.datetime) -> LockInfo:

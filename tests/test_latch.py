@@ -559,3 +559,51 @@ def test_a_latch_and_a_barrier_on_a_redis_cluster(shared_redis_cluster, settings
         assert sorted(joined(*p)[0] for p in parties) == [0, 1, 2]
     finally:
         topology_clients.current = None
+
+
+# -- listing: list_locks, the command, the admin ----------------------------------------------
+
+
+@pytest.mark.django_db
+def test_latches_and_barriers_are_listed_with_nothing_to_force_release(django_user_model):
+    import io
+
+    from django.contrib.auth.models import Permission
+    from django.core.management import call_command
+    from django.test import Client
+    from django.urls import reverse
+
+    from django_redislock import list_locks
+
+    latch = CountDownLatch("listed-latch", 3, timeout=30)
+    latch.count_down()
+    barrier = Barrier("listed-barrier", 3, timeout=30)
+    waiting = in_thread(lambda: barrier.wait(timeout=2))
+    wait_for(lambda: barrier.n_waiting == 1, what="a party to arrive")
+    infos = {(i.kind, i.name): i for i in list_locks()}
+    assert (
+        infos[("latch", "listed-latch")].hold_count,
+        infos[("latch", "listed-latch")].permits,
+    ) == (2, 3)
+    assert (
+        infos[("barrier", "listed-barrier")].hold_count,
+        infos[("barrier", "listed-barrier")].permits,
+    ) == (1, 3)
+    assert all(i.fencing_token == 0 and not i.owner for i in infos.values())
+    out = io.StringIO()
+    call_command("redislock", "list", stdout=out)
+    assert "listed-latch\tlatch\tleft=2/3" in out.getvalue()
+    assert "listed-barrier\tbarrier\twaiting=1/3" in out.getvalue()
+    user = django_user_model.objects.create_user("op", password="pw", is_staff=True)
+    for codename in ("view_lock", "force_release_lock"):
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label="django_redislock", codename=codename)
+        )
+    client = Client()
+    client.force_login(user)
+    html = client.get(reverse("admin:django_redislock_lock_changelist")).content.decode()
+    assert "count-down latch: 2 of 3 left" in html
+    assert "barrier: 1 of 3 parties waiting" in html
+    assert 'value="0:listed-latch"' not in html and 'value="0:listed-barrier"' not in html
+    result, _ = joined(*waiting)
+    assert isinstance(result, BrokenBarrierError)  # its wait timed out: broken, as threading

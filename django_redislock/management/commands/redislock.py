@@ -530,6 +530,14 @@ def _text_line(info: LockInfo) -> str:
     expires = f"{info.expires_in:.1f}s" if info.expires else "never"
     if info.kind == "rate":
         return f"{info.name}\trate limiter\trested_in={expires}"
+    if info.kind == "latch":
+        return f"{info.name}\tlatch\tleft={info.hold_count}/{info.permits}\texpires_in={expires}"
+    if info.kind == "barrier":
+        broken = "\tbroken" if info.mode == "broken" else ""
+        return (
+            f"{info.name}\tbarrier\twaiting={info.hold_count}/{info.permits}{broken}\t"
+            f"expires_in={expires}"
+        )
     if info.unreadable:
         return f"{info.name}\tunreadable\texpires_in={expires}\tvalue={info.raw_excerpt!r}"
     if info.queued:
