@@ -467,3 +467,22 @@ def test_the_admin_lists_readers_and_force_releases_one(
     wait_for(lambda: writer.result is True)
     other.finish()
     writer.finish()
+
+
+def test_both_sides_are_counted_in_the_statistics_and_the_metrics() -> None:
+    from django_redislock import stats
+    from django_redislock.prometheus import LockStatsCollector
+
+    rw = ReadWriteLock("counted", timeout=5)
+    for side in (rw.read_lock(), rw.write_lock(), rw.read_lock()):
+        with side:
+            pass
+    stats.flush()
+    figures = stats.get_stats("counted")
+    assert figures is not None and (figures.acquired, figures.released) == (3, 3)
+    samples = {
+        (s.name, s.labels.get("name")): s.value
+        for metric in LockStatsCollector().collect()
+        for s in metric.samples
+    }
+    assert samples[("redislock_acquisitions_total", "counted")] == 3
