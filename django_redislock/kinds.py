@@ -100,8 +100,9 @@ def _cancel(
     void_ms: int,
     last: str,
 ) -> Call:
-    """A call of ``cancel.lua`` or ``sem_cancel.lua``: the same keys (the kind's, then the
-    attempt's void marker) and arguments, but for the last, which is each script's own."""
+    """A call of ``cancel.lua``, ``sem_cancel.lua`` or ``rw_cancel.lua``: the same keys (the
+    kind's, then the attempt's void marker) and arguments, but for the last, which is each
+    script's own."""
     args = [
         owner,
         attempt,
@@ -112,6 +113,36 @@ def _cancel(
         last,
     ]
     return script, [*keys, target.keys.void(name, attempt)], args
+
+
+def _acquire(
+    script: Any,
+    keys: list[str],
+    target: Any,
+    name: str,
+    *,
+    owner: str,
+    attempt: str,
+    meta: str,
+    lease: float,
+    queue: bool,
+    entry_ms: int,
+    extra: list[Any],
+) -> Call:
+    """A call of an acquire script: the kind's keys, then the attempt's void marker; the
+    arguments every acquire script starts with, then the kind's own (``extra``)."""
+    args = [owner, max(1, int(lease * 1000)), meta, attempt, "1" if queue else "0", entry_ms]
+    return script, [*keys, target.keys.void(name, attempt)], [*args, *extra]
+
+
+def _read_acquire(reply: Any) -> AcquireReply:
+    """An acquire script's answer: busy (with the wait), void, or held/refused (token, count)."""
+    state = int(reply[0])
+    if state == BUSY:
+        return AcquireReply(BUSY, wait_ms=int(reply[1]))
+    if state == VOID:
+        return AcquireReply(VOID)
+    return AcquireReply(state, token=int(reply[1]), count=int(reply[2]))
 
 
 def _one_deployment(target: Any, what: str) -> None:
@@ -177,27 +208,23 @@ class LockKind:
         known: str = "",
     ) -> Call:
         """``known``: see ``lua/acquire.lua`` (what this process knows of the owner's holds)."""
-        keys = [*self._keys(target, name), target.keys.void(name, attempt)]
-        args = [
-            owner,
-            max(1, int(lease * 1000)),
-            meta,
-            attempt,
-            "1" if queue else "0",
-            entry_ms,
-            "0" if self.reentrant else "1",
-            *target.wake_args(lease),
-            known,
-        ]
-        return scripts.ACQUIRE, keys, args
+        extra = ["0" if self.reentrant else "1", *target.wake_args(lease), known]
+        return _acquire(
+            scripts.ACQUIRE,
+            self._keys(target, name),
+            target,
+            name,
+            owner=owner,
+            attempt=attempt,
+            meta=meta,
+            lease=lease,
+            queue=queue,
+            entry_ms=entry_ms,
+            extra=extra,
+        )
 
     def read_acquire(self, reply: Any) -> AcquireReply:
-        state = int(reply[0])
-        if state == BUSY:
-            return AcquireReply(BUSY, wait_ms=int(reply[1]))
-        if state == VOID:
-            return AcquireReply(VOID)
-        return AcquireReply(state, token=int(reply[1]), count=int(reply[2]))
+        return _read_acquire(reply)
 
     def refusal(self, name: str) -> str:
         """Why an acquisition was refused at once (a REFUSED reply)."""
@@ -309,18 +336,19 @@ class SemaphoreKind:
         entry_ms: int,
         known: str = "",
     ) -> Call:
-        keys = [*self._keys(target, name), target.keys.void(name, attempt)]
-        args = [
-            owner,
-            max(1, int(lease * 1000)),
-            meta,
-            attempt,
-            "1" if queue else "0",
-            entry_ms,
-            self.permits,
-            *target.wake_args(lease),
-        ]
-        return scripts.SEM_ACQUIRE, keys, args
+        return _acquire(
+            scripts.SEM_ACQUIRE,
+            self._keys(target, name),
+            target,
+            name,
+            owner=owner,
+            attempt=attempt,
+            meta=meta,
+            lease=lease,
+            queue=queue,
+            entry_ms=entry_ms,
+            extra=[self.permits, *target.wake_args(lease)],
+        )
 
     def read_acquire(self, reply: Any) -> AcquireReply:
         state = int(reply[0])
@@ -457,6 +485,19 @@ class RateKind:
         return scripts.RATE_RESET, [target.keys.rate(name)], []
 
 
+def rw_keys(keys: Any, name: str) -> list[str]:
+    """The keys every ``lua/rw_*.lua`` script starts with (writer, readers, their records,
+    fence, queue, waiters)."""
+    return [
+        keys.rw_write(name),
+        keys.rw_readers(name),
+        keys.rw_records(name),
+        keys.fence(name),
+        keys.rw_queue(name),
+        keys.rw_waiters(name),
+    ]
+
+
 class ReadWriteKind:
     """One side of a read-write lock: ``writes`` False for the read lock, True for the write
     lock. Any number of readers (each owner its own lease) or one writer; a queued writer blocks
@@ -485,15 +526,7 @@ class ReadWriteKind:
         return (target.alias, self.holder_key(target, name), owner)
 
     def _keys(self, target: Any, name: str) -> list[str]:
-        keys = target.keys
-        return [
-            keys.rw_write(name),
-            keys.rw_readers(name),
-            keys.rw_records(name),
-            keys.fence(name),
-            keys.rw_queue(name),
-            keys.rw_waiters(name),
-        ]
+        return rw_keys(target.keys, name)
 
     def acquire_call(
         self,
@@ -508,26 +541,22 @@ class ReadWriteKind:
         entry_ms: int,
         known: str = "",
     ) -> Call:
-        keys = [*self._keys(target, name), target.keys.void(name, attempt)]
-        args = [
-            owner,
-            max(1, int(lease * 1000)),
-            meta,
-            attempt,
-            "1" if queue else "0",
-            entry_ms,
-            self._mode,
-            known,
-        ]
-        return scripts.RW_ACQUIRE, keys, args
+        return _acquire(
+            scripts.RW_ACQUIRE,
+            self._keys(target, name),
+            target,
+            name,
+            owner=owner,
+            attempt=attempt,
+            meta=meta,
+            lease=lease,
+            queue=queue,
+            entry_ms=entry_ms,
+            extra=[self._mode, known],
+        )
 
     def read_acquire(self, reply: Any) -> AcquireReply:
-        state = int(reply[0])
-        if state == BUSY:
-            return AcquireReply(BUSY, wait_ms=int(reply[1]))
-        if state == VOID:
-            return AcquireReply(VOID)
-        return AcquireReply(state, token=int(reply[1]), count=int(reply[2]))
+        return _read_acquire(reply)
 
     def refusal(self, name: str) -> str:
         return (
@@ -549,17 +578,10 @@ class ReadWriteKind:
         meta: str = "{}",
         here: str = "",
     ) -> Call:
-        keys = [*self._keys(target, name), target.keys.void(name, attempt)]
-        args = [
-            owner,
-            attempt,
-            "1" if take else "0",
-            max(1, int(lease * 1000)),
-            target.keys.wake_channel_prefix,
-            void_ms,
-            self._mode,
-        ]
-        return scripts.RW_CANCEL, keys, args
+        keys = self._keys(target, name)
+        return _cancel(
+            scripts.RW_CANCEL, keys, target, name, owner, attempt, take, lease, void_ms, self._mode
+        )
 
     def read_cancel(self, reply: Any) -> DropReply:
         if isinstance(reply, list):

@@ -24,6 +24,7 @@ from django_redislock import client as redis_client
 from django_redislock import connection, scripts, signals, stats
 from django_redislock.exceptions import LockBackendError
 from django_redislock.keys import KeySpace
+from django_redislock.kinds import rw_keys
 from django_redislock.naming import stats_shape
 from django_redislock.records import LockRecord, parse_record
 from django_redislock.runtime import get_client, keyspace, runtime
@@ -253,20 +254,7 @@ def _coordination_info(
 
 def _rate_info(keys: KeySpace, key: str, pttl_ms: int, now: dt.datetime) -> LockInfo:
     """A rate limiter with a history, as a listing row (nobody holds it)."""
-    return LockInfo(
-        name=keys.name_of(key),
-        owner="",
-        host="",
-        pid=None,
-        thread="",
-        task_id=None,
-        fencing_token=0,
-        hold_count=0,
-        acquired_at=now,
-        expires_in=pttl_ms / 1000 if pttl_ms >= 0 else float("inf"),
-        kind="rate",
-        permits=0,
-    )
+    return _coordination_info(keys, key, "rate", 0, 0, pttl_ms, now)
 
 
 def list_locks(*, match: str | None = None, using: str | None = None) -> Iterator[LockInfo]:
@@ -545,16 +533,11 @@ def _force_one(target: Target, name: str, token: int) -> list[tuple[LockInfo, st
     ]
     if found:
         return found
-    rw_keys = [
-        keys.rw_write(name),
-        keys.rw_readers(name),
-        keys.rw_records(name),
-        keys.fence(name),
-        keys.rw_queue(name),
-        keys.rw_waiters(name),
-    ]
     rw_reply = run(
-        scripts.RW_FORCE_RELEASE, rw_keys, [str(token), keys.wake_channel_prefix], action
+        scripts.RW_FORCE_RELEASE,
+        rw_keys(keys, name),
+        [str(token), keys.wake_channel_prefix],
+        action,
     )
     sides = {b"w": keys.rw_write(name), "w": keys.rw_write(name)}
     return [

@@ -333,15 +333,9 @@ local function rw_purge(keys, now)
   if #dead > 0 then redis.call('ZREMRANGEBYSCORE', keys[2], '-inf', now) end
 end
 
--- The readers' keys live exactly as long as their longest lease.
+-- The readers' keys live exactly as long as their longest lease (as a semaphore's permits).
 local function rw_touch(keys)
-  local last = redis.call('ZRANGE', keys[2], -1, -1, 'WITHSCORES')
-  if last[2] then
-    redis.call('PEXPIREAT', keys[2], last[2])
-    redis.call('PEXPIREAT', keys[3], last[2])
-  else
-    redis.call('DEL', keys[2], keys[3])
-  end
+  sem_touch(keys[2], keys[3])
 end
 
 local function rw_dequeue(keys, waiter)
