@@ -168,10 +168,54 @@ def _dropped(reply: Any) -> DropReply:
     return DropReply(left=int(reply))
 
 
-class LockKind:
+class _Queued:
+    """What the kinds with a queue share: the acquire call (``acquire_script`` with the
+    arguments every acquire script starts with, then the kind's own from ``_extra``)."""
+
+    acquire_script: Script
+
+    def _keys(self, target: Any, name: str) -> list[str]:
+        raise NotImplementedError
+
+    def _extra(self, target: Any, lease: float, known: str) -> list[Any]:
+        raise NotImplementedError
+
+    def acquire_call(
+        self,
+        target: Any,
+        name: str,
+        *,
+        owner: str,
+        attempt: str,
+        meta: str,
+        lease: float,
+        queue: bool,
+        entry_ms: int,
+        known: str = "",
+    ) -> Call:
+        return _acquire(
+            self.acquire_script,
+            self._keys(target, name),
+            target,
+            name,
+            owner=owner,
+            attempt=attempt,
+            meta=meta,
+            lease=lease,
+            queue=queue,
+            entry_ms=entry_ms,
+            extra=self._extra(target, lease, known),
+        )
+
+    def read_acquire(self, reply: Any) -> AcquireReply:
+        return _read_acquire(reply)
+
+
+class LockKind(_Queued):
     """A mutex: one owner at a time, re-entrant per owner (unless ``reentrant=False``)."""
 
     name = "lock"
+    acquire_script = scripts.ACQUIRE
     #: Leases of many holds may be reset by one ``renew_many`` script.
     batch_renewals = True
     #: One hold per owner, shared by every object of the name (re-entrancy across objects).
@@ -194,37 +238,9 @@ class LockKind:
         keys = target.keys
         return [keys.lock(name), keys.fence(name), keys.queue(name), keys.waiters(name)]
 
-    def acquire_call(
-        self,
-        target: Any,
-        name: str,
-        *,
-        owner: str,
-        attempt: str,
-        meta: str,
-        lease: float,
-        queue: bool,
-        entry_ms: int,
-        known: str = "",
-    ) -> Call:
+    def _extra(self, target: Any, lease: float, known: str) -> list[Any]:
         """``known``: see ``lua/acquire.lua`` (what this process knows of the owner's holds)."""
-        extra = ["0" if self.reentrant else "1", *target.wake_args(lease), known]
-        return _acquire(
-            scripts.ACQUIRE,
-            self._keys(target, name),
-            target,
-            name,
-            owner=owner,
-            attempt=attempt,
-            meta=meta,
-            lease=lease,
-            queue=queue,
-            entry_ms=entry_ms,
-            extra=extra,
-        )
-
-    def read_acquire(self, reply: Any) -> AcquireReply:
-        return _read_acquire(reply)
+        return ["0" if self.reentrant else "1", *target.wake_args(lease), known]
 
     def refusal(self, name: str) -> str:
         """Why an acquisition was refused at once (a REFUSED reply)."""
@@ -290,11 +306,12 @@ class LockKind:
         )
 
 
-class SemaphoreKind:
+class SemaphoreKind(_Queued):
     """At most ``permits`` holders at once; every acquisition is a permit of its own, with its
     own lease and fencing token (not re-entrant)."""
 
     name = "semaphore"
+    acquire_script = scripts.SEM_ACQUIRE
     batch_renewals = False
     #: One hold per acquisition (permit), known to the object that took it.
     per_owner = False
@@ -323,32 +340,8 @@ class SemaphoreKind:
             keys.semaphore_waiters(name),
         ]
 
-    def acquire_call(
-        self,
-        target: Any,
-        name: str,
-        *,
-        owner: str,
-        attempt: str,
-        meta: str,
-        lease: float,
-        queue: bool,
-        entry_ms: int,
-        known: str = "",
-    ) -> Call:
-        return _acquire(
-            scripts.SEM_ACQUIRE,
-            self._keys(target, name),
-            target,
-            name,
-            owner=owner,
-            attempt=attempt,
-            meta=meta,
-            lease=lease,
-            queue=queue,
-            entry_ms=entry_ms,
-            extra=[self.permits, *target.wake_args(lease)],
-        )
+    def _extra(self, target: Any, lease: float, known: str) -> list[Any]:
+        return [self.permits, *target.wake_args(lease)]
 
     def read_acquire(self, reply: Any) -> AcquireReply:
         state = int(reply[0])
@@ -498,7 +491,7 @@ def rw_keys(keys: Any, name: str) -> list[str]:
     ]
 
 
-class ReadWriteKind:
+class ReadWriteKind(_Queued):
     """One side of a read-write lock: ``writes`` False for the read lock, True for the write
     lock. Any number of readers (each owner its own lease) or one writer; a queued writer blocks
     new readers; re-entrant per owner; a writer may read (downgrade), a reader may not write
@@ -508,6 +501,7 @@ class ReadWriteKind:
     batch_renewals = False
     per_owner = True
     reentrant = True
+    acquire_script = scripts.RW_ACQUIRE
 
     def __init__(self, *, writes: bool) -> None:
         self.writes = writes
@@ -528,35 +522,8 @@ class ReadWriteKind:
     def _keys(self, target: Any, name: str) -> list[str]:
         return rw_keys(target.keys, name)
 
-    def acquire_call(
-        self,
-        target: Any,
-        name: str,
-        *,
-        owner: str,
-        attempt: str,
-        meta: str,
-        lease: float,
-        queue: bool,
-        entry_ms: int,
-        known: str = "",
-    ) -> Call:
-        return _acquire(
-            scripts.RW_ACQUIRE,
-            self._keys(target, name),
-            target,
-            name,
-            owner=owner,
-            attempt=attempt,
-            meta=meta,
-            lease=lease,
-            queue=queue,
-            entry_ms=entry_ms,
-            extra=[self._mode, known],
-        )
-
-    def read_acquire(self, reply: Any) -> AcquireReply:
-        return _read_acquire(reply)
+    def _extra(self, target: Any, lease: float, known: str) -> list[Any]:
+        return [self._mode, known]
 
     def refusal(self, name: str) -> str:
         return (
