@@ -173,6 +173,7 @@ class _Queued:
     arguments every acquire script starts with, then the kind's own from ``_extra``)."""
 
     acquire_script: Script
+    cancel_script: Script
 
     def _keys(self, target: Any, name: str) -> list[str]:
         raise NotImplementedError
@@ -210,12 +211,37 @@ class _Queued:
     def read_acquire(self, reply: Any) -> AcquireReply:
         return _read_acquire(reply)
 
+    def _cancel_last(self, meta: str, here: str) -> str:
+        """The cancel script's last argument, each script's own."""
+        raise NotImplementedError
+
+    def cancel_call(
+        self,
+        target: Any,
+        name: str,
+        owner: str,
+        attempt: str,
+        *,
+        take: bool = False,
+        lease: float = CLAIM_DEFAULT,
+        void_ms: int = 0,
+        meta: str = "{}",
+        here: str = "",
+    ) -> Call:
+        """Cancel ``attempt`` by its id (``lua/cancel.lua``); ``take``: keep a hold it got."""
+        keys = self._keys(target, name)
+        last = self._cancel_last(meta, here)
+        return _cancel(
+            self.cancel_script, keys, target, name, owner, attempt, take, lease, void_ms, last
+        )
+
 
 class LockKind(_Queued):
     """A mutex: one owner at a time, re-entrant per owner (unless ``reentrant=False``)."""
 
     name = "lock"
     acquire_script = scripts.ACQUIRE
+    cancel_script = scripts.CANCEL
     #: Leases of many holds may be reset by one ``renew_many`` script.
     batch_renewals = True
     #: One hold per owner, shared by every object of the name (re-entrancy across objects).
@@ -249,23 +275,8 @@ class LockKind(_Queued):
             "again would deadlock."
         )
 
-    def cancel_call(
-        self,
-        target: Any,
-        name: str,
-        owner: str,
-        attempt: str,
-        *,
-        take: bool = False,
-        lease: float = CLAIM_DEFAULT,
-        void_ms: int = 0,
-        meta: str = "{}",
-        here: str = "",
-    ) -> Call:
-        keys = self._keys(target, name)
-        return _cancel(
-            scripts.CANCEL, keys, target, name, owner, attempt, take, lease, void_ms, here
-        )
+    def _cancel_last(self, meta: str, here: str) -> str:
+        return here
 
     def read_cancel(self, reply: Any) -> DropReply:
         return _dropped(reply)
@@ -312,6 +323,7 @@ class SemaphoreKind(_Queued):
 
     name = "semaphore"
     acquire_script = scripts.SEM_ACQUIRE
+    cancel_script = scripts.SEM_CANCEL
     batch_renewals = False
     #: One hold per acquisition (permit), known to the object that took it.
     per_owner = False
@@ -351,23 +363,8 @@ class SemaphoreKind(_Queued):
             return AcquireReply(VOID)
         return AcquireReply(HELD, token=int(reply[1]), count=1)
 
-    def cancel_call(
-        self,
-        target: Any,
-        name: str,
-        owner: str,
-        attempt: str,
-        *,
-        take: bool = False,
-        lease: float = CLAIM_DEFAULT,
-        void_ms: int = 0,
-        meta: str = "{}",
-        here: str = "",
-    ) -> Call:
-        keys = self._keys(target, name)
-        return _cancel(
-            scripts.SEM_CANCEL, keys, target, name, owner, attempt, take, lease, void_ms, meta
-        )
+    def _cancel_last(self, meta: str, here: str) -> str:
+        return meta
 
     def read_cancel(self, reply: Any) -> DropReply:
         if isinstance(reply, list):
@@ -502,6 +499,7 @@ class ReadWriteKind(_Queued):
     per_owner = True
     reentrant = True
     acquire_script = scripts.RW_ACQUIRE
+    cancel_script = scripts.RW_CANCEL
 
     def __init__(self, *, writes: bool) -> None:
         self.writes = writes
@@ -532,23 +530,8 @@ class ReadWriteKind(_Queued):
             "the read lock first, or take the write lock first and then read (downgrade)."
         )
 
-    def cancel_call(
-        self,
-        target: Any,
-        name: str,
-        owner: str,
-        attempt: str,
-        *,
-        take: bool = False,
-        lease: float = CLAIM_DEFAULT,
-        void_ms: int = 0,
-        meta: str = "{}",
-        here: str = "",
-    ) -> Call:
-        keys = self._keys(target, name)
-        return _cancel(
-            scripts.RW_CANCEL, keys, target, name, owner, attempt, take, lease, void_ms, self._mode
-        )
+    def _cancel_last(self, meta: str, here: str) -> str:
+        return self._mode
 
     def read_cancel(self, reply: Any) -> DropReply:
         if isinstance(reply, list):
