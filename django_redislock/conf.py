@@ -44,6 +44,7 @@ DEFAULTS: Mapping[str, Any] = {
     "CLIENT": None,
     "REPLICAS": 0,
     "REPLICAS_TIMEOUT": 1.0,
+    "DURABILITY": None,
     "TRANSPORT": "redis-py",
 }
 
@@ -68,6 +69,10 @@ class LockSettings:
     #: Replicas that must acknowledge an acquisition or renewal (``WAIT``), and for how long.
     replicas: int = 0
     replicas_timeout: float = 1.0
+    #: ``WAITAOF``: 1 when the primary must have fsynced the write to its append-only file, and
+    #: how many replicas must have (``DURABILITY``'s ``aof_local`` / ``aof_replicas``).
+    aof_local: int = 0
+    aof_replicas: int = 0
     #: How scripts reach Redis (``TRANSPORTS``).
     transport: str = "redis-py"
 
@@ -127,6 +132,79 @@ def _with_suggestion(key: object) -> str:
     return f"{key} (did you mean {match}?)" if match else str(key)
 
 
+#: The keys of ``REDISLOCK["DURABILITY"]`` and their upper bounds (``timeout``: seconds).
+DURABILITY_KEYS = {"replicas": 100, "aof_local": 1, "aof_replicas": 100, "timeout": None}
+
+
+def _durability_problems(raw: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """``DURABILITY``: ``None`` or a dict of :data:`DURABILITY_KEYS`; not with ``REPLICAS``."""
+    value = raw.get("DURABILITY")
+    if value is None:
+        return []
+    if not isinstance(value, Mapping):
+        return [
+            (
+                "E016",
+                f"REDISLOCK['DURABILITY'] must be None or a dict, not {type(value).__name__}.",
+                "For example {'replicas': 1, 'aof_local': 1, 'aof_replicas': 1, 'timeout': 1.0}.",
+            )
+        ]
+    problems = []
+    unknown = sorted(set(map(str, value)) - set(DURABILITY_KEYS))
+    if unknown:
+        problems.append(
+            (
+                "E016",
+                f"REDISLOCK['DURABILITY'] has unknown keys {unknown}: it takes "
+                f"{', '.join(DURABILITY_KEYS)}.",
+                "",
+            )
+        )
+    for key, most in DURABILITY_KEYS.items():
+        if key not in value:
+            continue
+        number = value[key]
+        if most is None:
+            problem = _seconds_problem(number, minimum=MIN_LEASE)
+            if problem is not None:
+                problems.append(("E016", f"REDISLOCK['DURABILITY']['timeout'] {problem[1]}.", ""))
+        elif isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= most:
+            problems.append(
+                (
+                    "E016",
+                    f"REDISLOCK['DURABILITY'][{key!r}] must be an int from 0 to {most}, not "
+                    f"{number!r}.",
+                    "",
+                )
+            )
+    if "REPLICAS" in raw or "REPLICAS_TIMEOUT" in raw:
+        problems.append(
+            (
+                "E017",
+                "REDISLOCK sets both DURABILITY and REPLICAS/REPLICAS_TIMEOUT.",
+                "REPLICAS and REPLICAS_TIMEOUT are shorthands for DURABILITY's 'replicas' and "
+                "'timeout': keep one of the two.",
+            )
+        )
+    return problems
+
+
+def _durability(merged: Mapping[str, Any]) -> dict[str, Any]:
+    """The durability fields of :class:`LockSettings`, from ``DURABILITY`` or its shorthands."""
+    durability = merged.get("DURABILITY")
+    if durability is None:
+        return {
+            "replicas": merged["REPLICAS"],
+            "replicas_timeout": float(merged["REPLICAS_TIMEOUT"]),
+        }
+    return {
+        "replicas": int(durability.get("replicas", 0)),
+        "replicas_timeout": float(durability.get("timeout", DEFAULTS["REPLICAS_TIMEOUT"])),
+        "aof_local": int(durability.get("aof_local", 0)),
+        "aof_replicas": int(durability.get("aof_replicas", 0)),
+    }
+
+
 def validate_settings(raw: object) -> list[tuple[str, str, str]]:
     """Return ``(id, message, hint)`` for every problem in a ``REDISLOCK`` value.
 
@@ -175,6 +253,7 @@ def validate_settings(raw: object) -> list[tuple[str, str, str]]:
                 "For example 'myproject.redis.lock_client', returning a redis-py client.",
             )
         )
+    problems += _durability_problems(raw)
     replicas = raw.get("REPLICAS", DEFAULTS["REPLICAS"])
     if isinstance(replicas, bool) or not isinstance(replicas, int) or not 0 <= replicas <= 100:
         problems.append(
@@ -274,8 +353,7 @@ def get_settings() -> LockSettings:
         cache=caches[0],
         caches=caches,
         client=merged["CLIENT"],
-        replicas=merged["REPLICAS"],
-        replicas_timeout=float(merged["REPLICAS_TIMEOUT"]),
+        **_durability(merged),
         key_prefix=merged["KEY_PREFIX"],
         timeout=float(merged["TIMEOUT"]),
         auto_renew=merged["AUTO_RENEW"],

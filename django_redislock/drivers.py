@@ -110,13 +110,27 @@ def run_call(target: Any, call: Call) -> Any:
     """One script call with blocking I/O (then ``WAIT`` when it asks for replicas)."""
     if call.each:
         return target.transport.run_each(call.script, call.keys, call.args, call.action)
-    if not call.replicas:
+    if not (call.replicas or call.aof_local or call.aof_replicas):
         return target.transport.run(call.script, call.keys, call.args, call.action)
-    reply, acked = target.transport.run_waited(
-        call.script, call.keys, call.args, call.replicas, call.replicas_timeout_ms, call.action
+    reply, acks = target.transport.run_waited(
+        call.script,
+        call.keys,
+        call.args,
+        call.replicas,
+        call.replicas_timeout_ms,
+        call.action,
+        aof=(call.aof_local, call.aof_replicas),
     )
-    if acked < call.replicas:
-        raise NotReplicated(call.action, reply, acked, call.replicas, call.replicas_timeout_ms)
+    missing = acks.shortfall(call.replicas, call.aof_local, call.aof_replicas)
+    if missing:
+        raise NotReplicated(
+            call.action,
+            reply,
+            acks.replicas,
+            call.replicas,
+            call.replicas_timeout_ms,
+            shortfall=missing,
+        )
     return reply
 
 
@@ -124,7 +138,7 @@ async def arun_call(target: Any, call: Call) -> Any:
     """:func:`run_call` for asyncio (``WAIT`` blocks: it runs in a thread, on the sync client)."""
     if call.each:
         return await target.transport.arun_each(call.script, call.keys, call.args, call.action)
-    if call.replicas:
+    if call.replicas or call.aof_local or call.aof_replicas:
         return await asyncio.to_thread(run_call, target, call)
     return await target.transport.arun(call.script, call.keys, call.args, call.action)
 

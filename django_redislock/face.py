@@ -533,8 +533,7 @@ class Face:
             keys,
             args,
             f"renew {self.kind.name} {self.name!r}",
-            target.replicas,
-            target.replicas_timeout_ms,
+            **target.wait_fields(),
         )
 
     def _renewed(self, ok: Any) -> None:

@@ -61,6 +61,9 @@ class Call:
     action: str
     replicas: int = 0
     replicas_timeout_ms: int = 0
+    #: ``WAITAOF`` after the script (``DURABILITY``): the primary's fsync (1) and replicas'.
+    aof_local: int = 0
+    aof_replicas: int = 0
     #: On a quorum target: run on every master and return each one's reply (or its
     #: :class:`~django_redislock.LockBackendError`) instead of one combined answer.
     each: bool = False
@@ -114,14 +117,26 @@ class NotAcquired:
 
 
 class NotReplicated(LockBackendError):
-    """A write was not acknowledged by ``REDISLOCK["REPLICAS"]`` replicas in time; ``reply`` is
-    what the script answered (an acquisition it reports is undone before this is raised)."""
+    """A write was not acknowledged as ``REDISLOCK["REPLICAS"]`` / ``["DURABILITY"]`` ask, in
+    time; ``reply`` is what the script answered (an acquisition it reports is undone before this
+    is raised)."""
 
-    def __init__(self, action: str, reply: Any, acked: int, needed: int, timeout_ms: int) -> None:
+    def __init__(
+        self,
+        action: str,
+        reply: Any,
+        acked: int,
+        needed: int,
+        timeout_ms: int,
+        *,
+        shortfall: str = "",
+    ) -> None:
+        said = shortfall or (
+            f"{acked} of the {needed} replicas REDISLOCK['REPLICAS'] asks for acknowledged it"
+        )
         super().__init__(
-            f"Redis did not replicate the write while trying to {action}: {acked} of the "
-            f"{needed} replicas REDISLOCK['REPLICAS'] asks for acknowledged it within "
-            f"{timeout_ms} ms. A failover now could lose it, so it does not count."
+            f"Redis did not make the write durable while trying to {action}: {said} within "
+            f"{timeout_ms} ms. A crash or failover now could lose it, so it does not count."
         )
         self.reply = reply
 
@@ -156,7 +171,7 @@ class Plan:
 
     def _replicated(self, script: Script, keys: list[str], args: list[Any], action: str) -> Call:
         target = self.target
-        return Call(script, keys, args, action, target.replicas, target.replicas_timeout_ms)
+        return Call(script, keys, args, action, **target.wait_fields())
 
     def entry_ms(self) -> int:
         """How long a queue entry stays valid: until the next planned re-check — the deadline

@@ -218,7 +218,7 @@ class _Limiter:
             # With REDISLOCK["REPLICAS"], an allowance counts once replicated (a failover could
             # lose it and allow again): unacknowledged, NotReplicated (a LockBackendError) goes
             # up and the request does not pass. The state stays: the strict side.
-            call = Call(script, keys, args, action, target.replicas, target.replicas_timeout_ms)
+            call = Call(script, keys, args, action, **target.wait_fields())
             try:
                 reply = yield call
             except NotReplicated as exc:
@@ -250,9 +250,7 @@ class _Limiter:
         script, keys, args = kind.decide_call(target, self.name, n, reserve_us=reserve_us, key=key)
         action = f"book rate limit {self.name!r}"
         try:
-            reply = yield Call(
-                script, keys, args, action, target.replicas, target.replicas_timeout_ms
-            )
+            reply = yield Call(script, keys, args, action, **target.wait_fields())
         except NotReplicated as exc:  # as in _decide: only what wrote something must count
             decided = kind.read_decision(exc.reply)
             if decided.allowed or decided.booked:

@@ -147,7 +147,7 @@ class QuorumTransport:
     ) -> Any:
         return self._combine(script, await self.arun_each(script, keys, args, action), action)
 
-    def run_waited(self, *args: Any) -> tuple[Any, int]:
+    def run_waited(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         raise LockBackendError("REDISLOCK['REPLICAS'] does not apply to independent masters")
 
     def run_many(

@@ -54,6 +54,9 @@ class Target:
     #: Replicas that must acknowledge every way of obtaining or keeping a lock (``WAIT``).
     replicas: int = 0
     replicas_timeout_ms: int = 0
+    #: ``WAITAOF``: the primary (1) and how many replicas must have fsynced it.
+    aof_local: int = 0
+    aof_replicas: int = 0
     #: Independent masters of a quorum target (Redlock); empty for one deployment.
     members: tuple[Target, ...] = ()
 
@@ -66,9 +69,23 @@ class Target:
         return bool(self.members)
 
     @property
+    def durable(self) -> bool:
+        """Whether writes here count only once acknowledged (``REPLICAS`` / ``DURABILITY``)."""
+        return bool(self.replicas or self.aof_local or self.aof_replicas)
+
+    def wait_fields(self) -> dict[str, int]:
+        """What a :class:`~django_redislock.flow.Call` must wait for after its script."""
+        return {
+            "replicas": self.replicas,
+            "replicas_timeout_ms": self.replicas_timeout_ms,
+            "aof_local": self.aof_local,
+            "aof_replicas": self.aof_replicas,
+        }
+
+    @property
     def batch_renewals(self) -> bool:
         """Whether lock leases here may be renewed many per script (one slot, no ``WAIT``)."""
-        return not self.transport.cluster and not self.replicas and not self.members
+        return not self.transport.cluster and not self.durable and not self.members
 
     def claim_ms(self, lease: float) -> int:
         """The claim window of a reserved hand-off; 0 on a quorum, where one master cannot hand
@@ -127,7 +144,7 @@ def single_target(
     waiters: WaiterRegistry,
 ) -> Target:
     socket_timeout = connection.socket_timeout(transport.client)
-    replicas = settings.replicas
+    durable = bool(settings.replicas or settings.aof_local or settings.aof_replicas)
     return Target(
         alias=alias,
         settings=settings,
@@ -136,12 +153,15 @@ def single_target(
         listener=listener,
         waiters=waiters,
         channel_prefix=f"{keys.namespace}:wake:",
-        # With REPLICAS the woken waiter claims the lock with a call of its own, which WAIT
-        # then acknowledges: a hand-off is acknowledged like any other acquisition.
-        outright=not transport.cluster and not replicas,
+        # With REPLICAS / DURABILITY the woken waiter claims the lock with a call of its own,
+        # which WAIT / WAITAOF then acknowledge: a hand-off is acknowledged like any other
+        # acquisition.
+        outright=not transport.cluster and not durable,
         socket_timeout=socket_timeout,
-        replicas=replicas,
+        replicas=settings.replicas,
         replicas_timeout_ms=_wait_ms(settings.replicas_timeout, socket_timeout),
+        aof_local=settings.aof_local,
+        aof_replicas=settings.aof_replicas,
     )
 
 

@@ -32,6 +32,7 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncGenerator, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from redis import Redis
@@ -42,6 +43,7 @@ from django_redislock.exceptions import LockBackendError
 from django_redislock.scripts import Script
 
 __all__ = [
+    "Acks",
     "NoReply",
     "RedisPyTransport",
     "Transport",
@@ -63,6 +65,35 @@ _MIGRATING: tuple[type[Exception], ...] = (redis_errors.TryAgainError, redis_err
 
 def _cluster_exception() -> type[Exception]:
     return getattr(redis_errors, "RedisClusterException", redis_errors.RedisError)
+
+
+@dataclass(frozen=True)
+class Acks:
+    """What ``WAIT`` / ``WAITAOF`` after a script answered: replicas that have the write, and
+    whether the primary (``aof_local``) and how many replicas (``aof_replicas``) fsynced it to
+    their append-only files. ``error``: the server refused the command (``WAITAOF`` before Redis
+    7.2, or with ``appendonly no``), which counts as no acknowledgement."""
+
+    replicas: int = 0
+    aof_local: int = 0
+    aof_replicas: int = 0
+    error: str = ""
+
+    def shortfall(self, replicas: int, aof_local: int, aof_replicas: int) -> str:
+        """What is missing of what was asked, in words ("" when nothing is)."""
+        missing = []
+        if self.error:
+            missing.append(f"the server refused to wait ({self.error})")
+        if self.replicas < replicas:
+            missing.append(f"{self.replicas} of the {replicas} replicas asked for acknowledged it")
+        if self.aof_local < aof_local:
+            missing.append("the primary had not fsynced it to its append-only file")
+        if self.aof_replicas < aof_replicas:
+            missing.append(
+                f"{self.aof_replicas} of {aof_replicas} replicas fsynced it to their "
+                "append-only files"
+            )
+        return "; ".join(missing)
 
 
 class NoReply(LockBackendError):
@@ -116,6 +147,22 @@ def backend_error(exc: BaseException, action: str) -> LockBackendError:
     return NoReply(f"Redis failed while trying to {action}: {said}.")
 
 
+def _acks(waits: list[Any], waited: bool) -> Acks:
+    """``WAIT``'s and ``WAITAOF``'s answers (each only if sent) as :class:`Acks`; an error
+    reply counts as nothing acknowledged (a connection error is raised: outcome unknown)."""
+    replicas, aof_local, aof_replicas, error = 0, 0, 0, ""
+    for i, answer in enumerate(waits):
+        if isinstance(answer, redis_errors.ResponseError):
+            error = str(answer)
+        elif isinstance(answer, Exception):
+            raise answer
+        elif i == 0 and waited:
+            replicas = int(answer)
+        else:
+            aof_local, aof_replicas = (int(n) for n in answer)
+    return Acks(replicas, aof_local, aof_replicas, error)
+
+
 def _is_redis_error(exc: BaseException) -> bool:
     return isinstance(exc, (redis_errors.RedisError, _cluster_exception()))
 
@@ -152,8 +199,10 @@ class Transport(Protocol):
         replicas: int,
         timeout_ms: int,
         action: str,
-    ) -> tuple[Any, int]:
-        """Run ``script``, then ``WAIT`` on the same connection: ``(reply, replicas that
+        aof: tuple[int, int] = (0, 0),
+    ) -> tuple[Any, Acks]:
+        """Run ``script``, then ``WAIT`` (``replicas``) and ``WAITAOF`` (``aof``: local,
+        replicas) on the same connection, in one round trip: ``(reply, what was
         acknowledged)``."""
 
     def run_many(
@@ -218,7 +267,8 @@ class RedisPyTransport:
         replicas: int,
         timeout_ms: int,
         action: str,
-    ) -> tuple[Any, int]:
+        aof: tuple[int, int] = (0, 0),
+    ) -> tuple[Any, Acks]:
         # WAIT counts the writes of one connection: on a Cluster, that of the key's node.
         node = node_client(self.client, keys[0])
         try:
@@ -232,16 +282,17 @@ class RedisPyTransport:
                     pipe.execute_command(script.command, *keys, *args)
                 else:
                     pipe.evalsha(script.sha, len(keys), *keys, *args)
-                pipe.execute_command("WAIT", replicas, timeout_ms)
-                reply, acked = pipe.execute(raise_on_error=False)
+                if replicas:
+                    pipe.execute_command("WAIT", replicas, timeout_ms)
+                if any(aof):
+                    pipe.execute_command("WAITAOF", aof[0], aof[1], timeout_ms)
+                reply, *waits = pipe.execute(raise_on_error=False)
                 if attempt == 0 and isinstance(reply, redis_errors.NoScriptError):
                     node.script_load(script.source)
                     continue
                 if isinstance(reply, redis_errors.ResponseError):
                     raise script.named(reply) from reply
-                if isinstance(acked, Exception):
-                    raise acked
-                return reply, int(acked)
+                return reply, _acks(waits, bool(replicas))
         except Exception as exc:
             if not _is_redis_error(exc):
                 raise

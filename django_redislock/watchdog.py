@@ -272,12 +272,19 @@ class Watchdog:
         target = hold.target
         action = f"renew {hold.kind.name} {hold.name!r}"
         try:
-            if target.replicas:
-                reply, acked = target.transport.run_waited(
-                    script, keys, args, target.replicas, target.replicas_timeout_ms, action
+            if target.durable:
+                reply, acks = target.transport.run_waited(
+                    script,
+                    keys,
+                    args,
+                    target.replicas,
+                    target.replicas_timeout_ms,
+                    action,
+                    aof=(target.aof_local, target.aof_replicas),
                 )
-                if acked < target.replicas:
-                    return LockBackendError("not acknowledged by enough replicas")
+                missing = acks.shortfall(target.replicas, target.aof_local, target.aof_replicas)
+                if missing:
+                    return LockBackendError(f"the renewal was not made durable: {missing}")
                 return reply
             return target.transport.run(script, keys, args, action)
         except LockBackendError as exc:

