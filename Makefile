@@ -47,7 +47,7 @@ FLAVOUR_TESTS := tests/test_lock.py tests/test_waiting.py tests/test_aio.py test
 CHAOS_TESTS := tests/faults/test_chaos.py tests/faults/test_chaos_topology.py
 NOT_CHAOS := $(addprefix --ignore=,$(CHAOS_TESTS))
 MATRIX_TESTS := tests/test_waiting.py tests/test_aio.py tests/test_semaphore.py tests/test_lock.py tests/test_decorators.py tests/test_operations.py \
-	tests/test_checks.py tests/faults/test_lock_faults.py tests/test_celery.py
+	tests/test_checks.py tests/faults/test_lock_faults.py tests/test_celery.py tests/test_rwlock.py tests/test_multilock.py tests/test_latch.py
 
 .DEFAULT_GOAL := help
 .PHONY: help venv demo-venv system-deps test test-fast test-slow test-packaging test-faults test-topology test-chaos test-bench test-flavours test-valkey \
