@@ -14,9 +14,10 @@ Two halves:
 What is checked, and why each check is sound (no false alarm on a correct lock):
 
 ``overlap`` — two owners holding one name at once (two *readers* of a read-write lock may:
-    calls recorded with ``mode="read"``/``"write"`` are holds of its two sides). A *hold* runs from the moment ``acquire()``
-    returned True to the moment ``release()`` was *called*: Redis gave the lock before the former
-    and freed it after the latter, so a correct lock never lets two such intervals intersect.
+    calls recorded with ``mode="read"``/``"write"`` are holds of its two sides). A *hold* runs
+    from the moment ``acquire()`` returned True to the moment ``release()`` was *called*: Redis
+    gave the lock before the former and freed it after the latter, so a correct lock never lets
+    two such intervals intersect.
     Holds whose owner saw the loss (``lock.lost``, ``LockNotOwnedError``/``LockLostError`` at
     release) are left out — a lease can always run out under a paused holder — and so are holds
     whose end is not confirmed: a release whose outcome is unknown, or a SIGKILLed holder, counts

@@ -13,7 +13,7 @@ undone and reported.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import pytest
 from django.test import override_settings
@@ -31,7 +31,7 @@ def valkey_binary() -> str:
     return binary
 
 
-def locks_on(server: RedisProcess, durability: dict[str, object]) -> override_settings:
+def locks_on(server: RedisProcess, durability: Mapping[str, object]) -> override_settings:
     from django.conf import settings
 
     caches = {
