@@ -4,8 +4,6 @@ one through ``tests.faces.AsyncFace``: one asyncio task per test thread), on a r
 from __future__ import annotations
 
 import math
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +17,7 @@ from django_redislock import (
     LockNotAcquiredError,
     ReadWriteLock,
 )
-from tests.conftest import start_holder, wait_for
+from tests.conftest import wait_for
 from tests.faces import AsyncFace
 
 Make = Callable[..., Any]
@@ -295,68 +293,6 @@ def test_sides_without_options_are_one_object_each() -> None:
     assert rw.read_lock() is not rw.write_lock()
     assert rw.read_lock(blocking=False) is not rw.read_lock()
     assert "read lock" in repr(rw.read_lock()) or "same" in repr(rw.read_lock())
-
-
-# -- processes ----------------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_a_killed_reader_frees_only_its_own_part_within_its_lease() -> None:
-    mine = ReadWriteLock("killed-reader", timeout=2).read_lock()
-    assert mine.acquire()  # renewed by this process's watchdog
-    proc, _ = start_holder("killed-reader", "--side", "read", "--timeout", "2")
-    try:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-        mine.release()
-        killed = time.monotonic()
-        writer = ReadWriteLock("killed-reader").write_lock()
-        assert writer.acquire(blocking_timeout=10)
-        assert time.monotonic() - killed < 2 + 1.0  # its lease, not more
-        writer.release()
-    finally:
-        if proc.stdout:
-            proc.stdout.close()
-
-
-@pytest.mark.slow
-def test_a_live_reader_is_not_freed_with_a_dead_one() -> None:
-    mine = ReadWriteLock("two-readers", timeout=2).read_lock()
-    assert mine.acquire()
-    proc, _ = start_holder("two-readers", "--side", "read", "--timeout", "2")
-    try:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-        writer = started(_sync, "two-readers", "write", blocking_timeout=4)
-        writer.join(10)
-        assert writer.result is False  # two leases long: mine is renewed
-        assert mine.owned()
-        mine.release()
-        writer = started(_sync, "two-readers", "write", blocking_timeout=5)
-        wait_for(lambda: writer.result is True, what="the writer")
-        writer.finish()
-    finally:
-        if proc.stdout:
-            proc.stdout.close()
-
-
-@pytest.mark.slow
-def test_a_stopped_writer_loses_the_lock_to_readers_within_its_lease() -> None:
-    proc, info = start_holder("stopped-writer", "--side", "write", "--timeout", "2")
-    try:
-        os.kill(proc.pid, signal.SIGSTOP)
-        stopped = time.monotonic()
-        reader = ReadWriteLock("stopped-writer").read_lock()
-        assert reader.acquire(blocking_timeout=10)
-        assert time.monotonic() - stopped < 2 + 1.0
-        assert reader.fencing_token is not None and reader.fencing_token > int(info["token"])  # type: ignore[call-overload]
-        reader.release()
-    finally:
-        os.kill(proc.pid, signal.SIGCONT)
-        proc.kill()
-        proc.wait(10)
-        if proc.stdout:
-            proc.stdout.close()
 
 
 # -- operations: listing, commands, force release, admin ----------------------------------------

@@ -1,7 +1,7 @@
-"""Read-write locks under faults, checked by the history checker (``tests/history.py``): no
-reader with a writer, no two writers, tokens increasing, unknown outcomes resolved, nothing left
-in Redis — while the fault proxy loses replies (connections reset or closed after Redis acted)
-and holds traffic, and a reader process is SIGKILLed."""
+"""Read-write locks under faults: the history checker (``tests/history.py``: no reader with a
+writer, no two writers, tokens increasing, unknown outcomes resolved, nothing left in Redis)
+while the fault proxy loses replies and holds traffic and a reader process is SIGKILLed; and
+readers and writers in processes that are SIGKILLed or SIGSTOPped."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from django_redislock import LockBackendError, LockError, ReadWriteLock
-from tests.conftest import start_holder
+from tests.conftest import start_holder, wait_for
 from tests.history import HistoryRecorder, check_history, load_history, read_leftovers
+from tests.test_rwlock import _sync, started
 
 SOCKET_TIMEOUT = 1.0
 NAMES = ("doc-a", "doc-b")
@@ -116,3 +117,65 @@ def test_readers_and_writers_under_lost_replies_and_a_killed_reader(proxied, tmp
     assert report.holds > 200, report
     assert proxy.replies_lost > 0  # the faults happened
     assert report.ok, report.details()
+
+
+# -- processes: a reader or a writer that dies or stops -------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_killed_reader_frees_only_its_own_part_within_its_lease() -> None:
+    mine = ReadWriteLock("killed-reader", timeout=2).read_lock()
+    assert mine.acquire()  # renewed by this process's watchdog
+    proc, _ = start_holder("killed-reader", "--side", "read", "--timeout", "2")
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        mine.release()
+        killed = time.monotonic()
+        writer = ReadWriteLock("killed-reader").write_lock()
+        assert writer.acquire(blocking_timeout=10)
+        assert time.monotonic() - killed < 2 + 1.0  # its lease, not more
+        writer.release()
+    finally:
+        if proc.stdout:
+            proc.stdout.close()
+
+
+@pytest.mark.slow
+def test_a_live_reader_is_not_freed_with_a_dead_one() -> None:
+    mine = ReadWriteLock("two-readers", timeout=2).read_lock()
+    assert mine.acquire()
+    proc, _ = start_holder("two-readers", "--side", "read", "--timeout", "2")
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        writer = started(_sync, "two-readers", "write", blocking_timeout=4)
+        writer.join(10)
+        assert writer.result is False  # two leases long: mine is renewed
+        assert mine.owned()
+        mine.release()
+        writer = started(_sync, "two-readers", "write", blocking_timeout=5)
+        wait_for(lambda: writer.result is True, what="the writer")
+        writer.finish()
+    finally:
+        if proc.stdout:
+            proc.stdout.close()
+
+
+@pytest.mark.slow
+def test_a_stopped_writer_loses_the_lock_to_readers_within_its_lease() -> None:
+    proc, info = start_holder("stopped-writer", "--side", "write", "--timeout", "2")
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        reader = ReadWriteLock("stopped-writer").read_lock()
+        assert reader.acquire(blocking_timeout=10)
+        assert time.monotonic() - stopped < 2 + 1.0
+        assert reader.fencing_token is not None and reader.fencing_token > int(info["token"])  # type: ignore[call-overload]
+        reader.release()
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait(10)
+        if proc.stdout:
+            proc.stdout.close()
