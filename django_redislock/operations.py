@@ -539,16 +539,12 @@ def _force_one(target: Target, name: str, token: int) -> list[tuple[LockInfo, st
         [str(token), keys.wake_channel_prefix],
         action,
     )
-    sides = {b"w": keys.rw_write(name), "w": keys.rw_write(name)}
-    return [
-        _released(
-            keys,
-            parse_record(
-                sides.get(rw_reply[1 + 2 * i], keys.rw_readers(name)), rw_reply[2 + 2 * i], 0
-            ),
-        )
-        for i in range(int(rw_reply[0]))
-    ]
+    found = []
+    for i in range(int(rw_reply[0])):
+        side, raw = rw_reply[1 + 2 * i], rw_reply[2 + 2 * i]
+        key = keys.rw_write(name) if side in (b"w", "w") else keys.rw_readers(name)
+        found.append(_released(keys, parse_record(key, raw, 0)))
+    return found
 
 
 def _released(keys: KeySpace, record: LockRecord) -> tuple[LockInfo, str]:

@@ -12,6 +12,7 @@ undone and reported.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 
@@ -69,8 +70,6 @@ def test_every_way_a_lock_changes_hands_waits_for_the_fsync(valkey) -> None:
         lock.renew()
         lock.extend(1)
         # A hand-off: the waiter claims with a call of its own, which WAITAOF acknowledges.
-        import threading
-
         got: list[bool] = []
         waiter = threading.Thread(
             target=lambda: got.append(Lock("fsynced", timeout=5).acquire(blocking_timeout=5))
