@@ -46,6 +46,7 @@ DEFAULTS: Mapping[str, Any] = {
     "REPLICAS_TIMEOUT": 1.0,
     "DURABILITY": None,
     "TRANSPORT": "redis-py",
+    "FUNCTIONS": True,
 }
 
 #: The transports: how scripts reach Redis (see ``transport.py``). Both use redis-py's public
@@ -75,6 +76,9 @@ class LockSettings:
     aof_replicas: int = 0
     #: How scripts reach Redis (``TRANSPORTS``).
     transport: str = "redis-py"
+    #: Run the scripts as a Redis Functions library where the server has Functions (``FCALL``),
+    #: else ``EVALSHA``; False: always ``EVALSHA``.
+    functions: bool = True
 
 
 def _is_number(value: object) -> bool:
@@ -305,7 +309,7 @@ def validate_settings(raw: object) -> list[tuple[str, str, str]]:
                 "per thread.",
             )
         )
-    for key in ("AUTO_RENEW", "STATS"):
+    for key in ("AUTO_RENEW", "STATS", "FUNCTIONS"):
         if not isinstance(raw.get(key, DEFAULTS[key]), bool):
             problems.append(("E008", f"REDISLOCK['{key}'] must be True or False.", ""))
     return problems
@@ -360,6 +364,7 @@ def get_settings() -> LockSettings:
         blocking_timeout=None if blocking is None else float(blocking),
         stats=merged["STATS"],
         transport=merged["TRANSPORT"],
+        functions=merged["FUNCTIONS"],
     )
 
 

@@ -157,8 +157,11 @@ class Runtime:
             with self._mutex:
                 found = self._transports.get(alias)
                 if found is None:
-                    kind = LeanTransport if get_settings().transport == "lean" else RedisPyTransport
-                    found = self._transports[alias] = kind(self.client(alias))
+                    settings = get_settings()
+                    kind = LeanTransport if settings.transport == "lean" else RedisPyTransport
+                    found = self._transports[alias] = kind(
+                        self.client(alias), functions=settings.functions
+                    )
         return found
 
     def keyspace(self, using: str | None = None) -> KeySpace:

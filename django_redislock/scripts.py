@@ -1,8 +1,14 @@
-"""The Lua scripts in ``lua/``: their sources as Redis runs them, and their SHA1s.
+"""The Lua scripts in ``lua/``: their sources as Redis runs them, their SHA1s, and the Redis
+Functions library that holds them all.
 
-They are run by :mod:`django_redislock.transport` with ``EVALSHA`` (loading the source after a
-``NOSCRIPT``). The shared functions of ``lua/_library.lua`` are prepended to every script *on its
-first line* (comments stripped, joined with spaces; each script's own first line is a comment),
+They are run by :mod:`django_redislock.transport`: as functions of one library (``FCALL``;
+``FUNCTION LOAD`` after "Function not found") where the server has Functions (Redis 7.0+,
+Valkey), else with ``EVALSHA`` (loading the source after a ``NOSCRIPT``). A library is part of
+the data set (persisted and replicated), so a restarted server or a promoted replica answers
+the first call; the script cache is not, and is empty after either.
+
+The shared functions of ``lua/_library.lua`` are prepended to every script *on its first line*
+(comments stripped, joined with spaces; each script's own first line is a comment),
 so line numbers in Redis error messages are those of the script's own file, and the errors name
 that file instead of Redis's ``user_script``. Only the definitions a script uses (directly or
 through another definition) are prepended.
@@ -32,6 +38,7 @@ __all__ = [
     "LATCH_COUNT_DOWN",
     "LATCH_INSPECT",
     "LATCH_WAIT",
+    "LIBRARY",
     "NATIVE_GCRA",
     "RATE",
     "RATE_RESET",
@@ -51,6 +58,7 @@ __all__ = [
     "SEM_RELEASE",
     "SEM_RENEW",
     "Command",
+    "Library",
     "Script",
 ]
 
@@ -121,6 +129,9 @@ class Script:
     #: Not a script: the name of a server command run in its place (see :class:`Command`).
     command: str | None = None
 
+    #: The script's function in :data:`LIBRARY` (set when the library is built).
+    function: str = ""
+
     def __init__(self, filename: str) -> None:
         self.filename = filename
         text = _read(filename)
@@ -133,8 +144,10 @@ class Script:
         return f"<Script {self.filename} {self.sha[:8]}>"
 
     def named(self, exc: ResponseError) -> ResponseError:
-        """``exc`` with Redis's ``user_script`` replaced by this script's file name."""
-        return type(exc)(str(exc).replace("user_script", self.filename))
+        """``exc`` with Redis's ``user_script`` (or the library's ``user_function`` and its line
+        there) replaced by this script's file name and line."""
+        text = str(exc).replace("user_script", self.filename)
+        return type(exc)(_FUNCTION_LINE.sub(lambda m: LIBRARY.where(int(m.group(1))), text))
 
 
 class Command(Script):
@@ -150,6 +163,45 @@ class Command(Script):
 
     def __repr__(self) -> str:
         return f"<Command {self.command}>"
+
+
+_FUNCTION_LINE = re.compile(r"user_function:(\d+)")
+
+
+class Library:
+    """Every script as a function of one Redis Functions library (``#!lua name=...``).
+
+    The library's name is ``redislock_`` and a digest of its scripts, and each function is
+    named ``<library>_<script file stem>``, so two releases with different scripts load side by
+    side on one server (a rolling deploy) and neither replaces the other's functions; an
+    unchanged release loads nothing new. Each function's body is its script's source as sent to
+    ``EVAL``, starting on the line of its ``register_function`` call, so :meth:`where` maps an
+    error's library line back to the script's file and line.
+    """
+
+    def __init__(self, scripts: list[Script]) -> None:
+        digest = hashlib.sha1("".join(s.sha for s in scripts).encode("ascii")).hexdigest()
+        self.name = f"redislock_{digest[:12]}"
+        lines = [f"#!lua name={self.name}"]
+        self._starts: list[tuple[int, Script]] = []
+        for script in scripts:
+            script.function = f"{self.name}_{script.filename.removesuffix('.lua')}"
+            self._starts.append((len(lines) + 1, script))
+            body = script.source.rstrip("\n").split("\n")
+            body[0] = f"redis.register_function('{script.function}', function(KEYS, ARGV) {body[0]}"
+            lines += [*body, "end)"]
+        self.source = "\n".join(lines) + "\n"
+
+    def __repr__(self) -> str:
+        return f"<Library {self.name}>"
+
+    def where(self, line: int) -> str:
+        """``<file>:<line>`` of the library's line ``line``."""
+        found = f"user_function:{line}"
+        for start, script in self._starts:
+            if start <= line:
+                found = f"{script.filename}:{line - start + 1}"
+        return found
 
 
 ACQUIRE = Script("acquire.lua")
@@ -185,3 +237,6 @@ RATE = Script("rate.lua")
 RATE_RESET = Script("rate_reset.lua")
 #: Redis's own GCRA (where the server has it; see :mod:`django_redislock.ratelimit`).
 NATIVE_GCRA = Command("GCRA")
+
+#: Every script above, as one Functions library.
+LIBRARY = Library([s for s in globals().values() if type(s) is Script])

@@ -225,9 +225,11 @@ class Transport(Protocol):
 class RedisPyTransport:
     """The default :class:`Transport`: redis-py's public API, nothing else."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, *, functions: bool = True) -> None:
         self.client = client
         self.cluster = connection.is_cluster(client)
+        #: Functions or EVALSHA (``REDISLOCK["FUNCTIONS"]``, and what the server has).
+        self.scripts = _Scripts(client, functions)
         self.socket_timeout = connection.socket_timeout(client)
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClient] = (
             weakref.WeakKeyDictionary()
@@ -250,7 +252,7 @@ class RedisPyTransport:
         pause = 0.001
         while True:
             try:
-                return _migrating(lambda: _evalsha(self._caller(), script, keys, args))
+                return _migrating(lambda: self.scripts.call(self._caller(), script, keys, args))
             except Exception as exc:
                 if not _is_redis_error(exc):
                     raise
@@ -274,21 +276,18 @@ class RedisPyTransport:
         try:
             native = script.command is not None
             if not native and (id(node), script.sha) not in self._loaded_for_wait:
-                node.script_load(script.source)  # before sending: safe to repeat
+                self._load(node, script)  # before sending: safe to repeat
                 self._loaded_for_wait.add((id(node), script.sha))
             for attempt in range(2):
                 pipe = node.pipeline(transaction=False)
-                if native:
-                    pipe.execute_command(script.command, *keys, *args)
-                else:
-                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                self._queue(pipe, script, keys, args)
                 if replicas:
                     pipe.execute_command("WAIT", replicas, timeout_ms)
                 if any(aof):
                     pipe.execute_command("WAITAOF", aof[0], aof[1], timeout_ms)
                 reply, *waits = pipe.execute(raise_on_error=False)
-                if attempt == 0 and isinstance(reply, redis_errors.NoScriptError):
-                    node.script_load(script.source)
+                if attempt == 0 and _not_loaded(reply):
+                    self._load(node, script)
                     continue
                 if isinstance(reply, redis_errors.ResponseError):
                     raise script.named(reply) from reply
@@ -306,13 +305,35 @@ class RedisPyTransport:
         for attempt in range(2):
             pipe = self.client.pipeline(transaction=False)
             for keys, args in calls:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                self._queue(pipe, script, keys, args)
             results = pipe.execute(raise_on_error=False)
-            if attempt == 0 and any(isinstance(r, redis_errors.NoScriptError) for r in results):
-                self.client.script_load(script.source)
+            if attempt == 0 and any(_not_loaded(r) for r in results):
+                self._load(self.client, script)
                 continue
             break
         return results
+
+    def _queue(self, pipe: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> None:
+        """Add one call of ``script`` to a pipeline (of one node: no Cluster routing)."""
+        if script.command is not None:
+            pipe.execute_command(script.command, *keys, *args)
+        elif self.scripts.functions:
+            pipe.execute_command(*self.scripts.fcall_args(script, keys, args))
+        else:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+
+    def _load(self, client: Any, script: Script) -> None:
+        """Make ``script`` runnable on ``client``'s server before a pipeline sends it: the
+        library where the server has Functions (deciding which it has), else the script."""
+        if self.scripts.functions is not False:
+            try:
+                self.scripts.load(client)
+                self.scripts.functions = True
+                return
+            except redis_errors.ResponseError as exc:
+                if not self.scripts.unavailable(exc):
+                    raise
+        client.script_load(script.source)
 
     def pubsub(self) -> Any:
         return self.client.pubsub()
@@ -325,13 +346,13 @@ class RedisPyTransport:
         try:
             try:
                 async with _deadline(self.socket_timeout):
-                    return await _aevalsha(client, script, keys, args)
+                    return await self.scripts.acall(client, script, keys, args)
             except _MIGRATING:
                 pass
             for pause in _migration_pauses():
                 try:
                     async with _deadline(self.socket_timeout):
-                        return await _aevalsha(client, script, keys, args)
+                        return await self.scripts.acall(client, script, keys, args)
                 except _MIGRATING:
                     if pause is None:
                         raise
@@ -377,8 +398,8 @@ class LeanTransport(RedisPyTransport):
     connections as the default transport does. On a Cluster it is the default transport.
     """
 
-    def __init__(self, client: Any) -> None:
-        super().__init__(client)
+    def __init__(self, client: Any, *, functions: bool = True) -> None:
+        super().__init__(client, functions=functions)
         self._kept = threading.local()
 
     def _caller(self) -> Any:
@@ -464,36 +485,182 @@ def node_client(client: Any, key: str) -> Any:
     return client.get_redis_connection(get_node(key))
 
 
-def _evalsha(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-    """``EVALSHA``, loading the script after a ``NOSCRIPT`` (which ran nothing); a
-    :class:`~django_redislock.scripts.Command` runs as itself."""
-    if script.command is not None:
-        return client.execute_command(script.command, *keys, *args)
-    try:
+def _not_loaded(reply: object) -> bool:
+    """A pipeline's reply saying the script or the library is not on that server (nothing ran)."""
+    return isinstance(reply, redis_errors.NoScriptError) or _function_missing(reply)
+
+
+def _function_missing(exc: object) -> bool:
+    """``FCALL`` of a function the server does not have (a new or flushed server): nothing ran."""
+    return isinstance(exc, redis_errors.ResponseError) and "Function not found" in str(exc)
+
+
+def _no_functions(exc: BaseException) -> bool:
+    """The server has no Functions (Redis 6.2), or the connection's ACL user may not use them
+    (not: may not touch a key, which ``EVALSHA`` could not either)."""
+    text = str(exc).lower()
+    if isinstance(exc, redis_errors.NoPermissionError):
+        return "'fcall'" in text or "'function" in text
+    return isinstance(exc, redis_errors.ResponseError) and "unknown command" in text
+
+
+class _Scripts:
+    """How one deployment runs the scripts, decided at its first call: as functions of
+    :data:`~django_redislock.scripts.LIBRARY` (``functions`` True) or with ``EVALSHA``
+    (False: ``REDISLOCK["FUNCTIONS"] = False``, Redis 6.2, or an ACL user without
+    ``FUNCTION``/``FCALL``). ``None``: not known yet, try ``FCALL``."""
+
+    def __init__(self, client: Any, enabled: bool) -> None:
+        self.client = client
+        self.cluster = connection.is_cluster(client)
+        self.functions: bool | None = None if enabled else False
+
+    # -- what is sent -------------------------------------------------------------------------
+    def fcall_args(
+        self, script: Script, keys: Sequence[str], args: Sequence[Any]
+    ) -> tuple[Any, ...]:
+        return ("FCALL", script.function, len(keys), *keys, *args)
+
+    def node(self, client: Any, keys: Sequence[str]) -> Any:
+        """On a Cluster, the key's node, to name outright: redis-py would otherwise ask a node
+        for ``FCALL``'s keys (``COMMAND GETKEYS``, a round trip) before every call. ``None``:
+        not a Cluster, or its slot map has no node for the key yet (then redis-py routes it)."""
+        if not self.cluster or not keys:
+            return None
         try:
-            return client.evalsha(script.sha, len(keys), *keys, *args)
-        except redis_errors.NoScriptError:
-            client.script_load(script.source)
-            return client.evalsha(script.sha, len(keys), *keys, *args)
-    except redis_errors.ResponseError as exc:
-        if isinstance(exc, _MIGRATING):
-            raise
-        raise script.named(exc) from exc
+            return client.get_node_from_key(keys[0])
+        except redis_errors.SlotNotCoveredError:
+            return None
+
+    def load(self, client: Any) -> None:
+        """``FUNCTION LOAD`` the library (every primary of a Cluster); another process having
+        just loaded it is no error."""
+        from django_redislock.scripts import LIBRARY
+
+        try:
+            client.function_load(LIBRARY.source)
+        except redis_errors.ResponseError as exc:
+            if "already exists" not in str(exc):
+                raise
+
+    async def aload(self, client: Any) -> None:
+        from django_redislock.scripts import LIBRARY
+
+        try:
+            await client.function_load(LIBRARY.source)
+        except redis_errors.ResponseError as exc:
+            if "already exists" not in str(exc):
+                raise
+
+    def unavailable(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says this server runs no functions (then remember it)."""
+        if _no_functions(exc):
+            self.functions = False
+            return True
+        return False
+
+    # -- sync ---------------------------------------------------------------------------------
+    def call(self, client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run ``script`` once: ``FCALL`` (loading the library when the server lacks it),
+        ``EVALSHA`` (loading the script after a ``NOSCRIPT``), or a server command."""
+        try:
+            if script.command is not None:
+                return client.execute_command(script.command, *keys, *args)
+            if self.functions is not False:
+                try:
+                    return self._fcall(client, script, keys, args)
+                except redis_errors.ResponseError as exc:
+                    if _function_missing(exc):
+                        try:
+                            self.load(client)
+                        except redis_errors.ResponseError as refused:
+                            if not self.unavailable(refused):
+                                raise
+                        else:
+                            return self._fcall(client, script, keys, args)
+                    elif not self.unavailable(exc):
+                        raise
+            return _evalsha(client, script, keys, args)
+        except redis_errors.ResponseError as exc:
+            if isinstance(exc, _MIGRATING):
+                raise
+            raise script.named(exc) from exc
+
+    def _fcall(self, client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        command = self.fcall_args(script, keys, args)
+        node = self.node(client, keys)
+        if node is None:
+            reply = client.execute_command(*command)
+        else:
+            try:
+                reply = client.execute_command(*command, target_nodes=node)
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError):
+                # A named node gets no retry from redis-py; resend as its Cluster retry would
+                # (the scripts are idempotent per attempt id), letting it find the node again.
+                reply = client.execute_command(*command)
+        self.functions = True
+        return reply
+
+    # -- asyncio ------------------------------------------------------------------------------
+    async def acall(
+        self, client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]
+    ) -> Any:
+        try:
+            if script.command is not None:
+                return await client.execute_command(script.command, *keys, *args)
+            if self.functions is not False:
+                try:
+                    return await self._afcall(client, script, keys, args)
+                except redis_errors.ResponseError as exc:
+                    if _function_missing(exc):
+                        try:
+                            await self.aload(client)
+                        except redis_errors.ResponseError as refused:
+                            if not self.unavailable(refused):
+                                raise
+                        else:
+                            return await self._afcall(client, script, keys, args)
+                    elif not self.unavailable(exc):
+                        raise
+            return await _aevalsha(client, script, keys, args)
+        except redis_errors.ResponseError as exc:
+            if isinstance(exc, _MIGRATING):
+                raise
+            raise script.named(exc) from exc
+
+    async def _afcall(
+        self, client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]
+    ) -> Any:
+        command = self.fcall_args(script, keys, args)
+        if self.cluster:
+            await client.initialize()  # the slot map (a no-op once known)
+        node = self.node(client, keys)
+        if node is None:
+            reply = await client.execute_command(*command)
+        else:
+            try:
+                reply = await client.execute_command(*command, target_nodes=node)
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError):
+                reply = await client.execute_command(*command)
+        self.functions = True
+        return reply
+
+
+def _evalsha(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    """``EVALSHA``, loading the script after a ``NOSCRIPT`` (which ran nothing)."""
+    try:
+        return client.evalsha(script.sha, len(keys), *keys, *args)
+    except redis_errors.NoScriptError:
+        client.script_load(script.source)
+        return client.evalsha(script.sha, len(keys), *keys, *args)
 
 
 async def _aevalsha(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-    if script.command is not None:
-        return await client.execute_command(script.command, *keys, *args)
     try:
-        try:
-            return await client.evalsha(script.sha, len(keys), *keys, *args)
-        except redis_errors.NoScriptError:
-            await client.script_load(script.source)
-            return await client.evalsha(script.sha, len(keys), *keys, *args)
-    except redis_errors.ResponseError as exc:
-        if isinstance(exc, _MIGRATING):
-            raise
-        raise script.named(exc) from exc
+        return await client.evalsha(script.sha, len(keys), *keys, *args)
+    except redis_errors.NoScriptError:
+        await client.script_load(script.source)
+        return await client.evalsha(script.sha, len(keys), *keys, *args)
 
 
 def _migrating(call: Any) -> Any:

@@ -38,7 +38,10 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-__all__ = ["ProxyStats", "TcpProxy"]
+__all__ = ["SCRIPT_CALLS", "ProxyStats", "TcpProxy"]
+
+#: Requests that run one of the package's scripts, as functions or with EVALSHA.
+SCRIPT_CALLS = (b"EVALSHA", b"FCALL")
 
 LOOPBACK = "127.0.0.1"
 _CHUNK = 65536
@@ -150,7 +153,7 @@ class TcpProxy:
         self._lose_p = 0.0
         self._lose_rng = random.Random(0)
         self._lose_next = 0
-        self._lose_match: bytes | None = None
+        self._lose_match: tuple[bytes, ...] | None = None
         self._lose_reset = True
         self._replies_lost = 0
         # Counters (ints written by the loop thread only; reads from other threads are safe).
@@ -293,15 +296,24 @@ class TcpProxy:
         self._call(apply)
 
     def lose_next_reply(
-        self, count: int = 1, *, match: bytes | str | None = None, reset: bool = True
+        self,
+        count: int = 1,
+        *,
+        match: bytes | str | tuple[bytes, ...] | None = None,
+        reset: bool = True,
     ) -> None:
-        """Lose the replies to the next ``count`` requests (those containing ``match``, if given:
-        e.g. ``b"EVALSHA"`` to spare a ``PING``), whatever the connection. Deterministic: the
-        request reaches the server before its connection is reset. ``replies_lost`` counts them.
+        """Lose the replies to the next ``count`` requests (those containing ``match``, or one of
+        its byte strings, if given: e.g. :data:`SCRIPT_CALLS` to spare a ``PING``), whatever the
+        connection. Deterministic: the request reaches the server before its connection is
+        reset. ``replies_lost`` counts them.
         """
         if count < 0:
             raise ValueError("count must be >= 0")
-        needle = match.encode() if isinstance(match, str) else match
+        needle: tuple[bytes, ...] | None
+        if match is None or isinstance(match, tuple):
+            needle = match
+        else:
+            needle = (match.encode() if isinstance(match, str) else match,)
 
         def apply() -> None:
             self._lose_next, self._lose_match = count, needle
@@ -605,7 +617,9 @@ class TcpProxy:
 
     def _maybe_doom(self, conn: _Conn, request: bytes) -> None:
         """Decide whether the reply to ``request`` (just read from the client) is lost."""
-        if self._lose_next > 0 and (self._lose_match is None or self._lose_match in request):
+        if self._lose_next > 0 and (
+            self._lose_match is None or any(n in request for n in self._lose_match)
+        ):
             self._lose_next -= 1
             conn.doomed = True
         elif self._lose_p > 0.0 and self._lose_rng.random() < self._lose_p:

@@ -203,7 +203,9 @@ def empty_unconsumed_queue() -> Iterator[None]:
 def lock_scripts_run(client: redis.Redis) -> int:
     """Scripts run by the server so far (every lock operation is one script)."""
     stats_ = client.info("commandstats")
-    return sum(stats_.get(f"cmdstat_{cmd}", {}).get("calls", 0) for cmd in ("evalsha", "eval"))
+    return sum(
+        stats_.get(f"cmdstat_{cmd}", {}).get("calls", 0) for cmd in ("evalsha", "eval", "fcall")
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -38,6 +38,7 @@ def test_default_settings_pass(settings):
         ({"TIMEOUT": "30"}, "django_redislock.E006"),
         ({"BLOCKING_TIMEOUT": -1}, "django_redislock.E007"),
         ({"AUTO_RENEW": "yes"}, "django_redislock.E008"),
+        ({"FUNCTIONS": 1}, "django_redislock.E008"),
         ({"CACHE": "locmem"}, "django_redislock.E009"),
         ({"TRANSPORT": "fast"}, "django_redislock.E015"),
         ({"TRANSPORT": None}, "django_redislock.E015"),

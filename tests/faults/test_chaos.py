@@ -46,6 +46,7 @@ from tests.history import (
     load_history,
     read_leftovers,
 )
+from tests.proxy import SCRIPT_CALLS
 from tests.topology import RedisProcess, redis_version
 
 pytestmark = pytest.mark.slow
@@ -251,7 +252,7 @@ def test_an_acquisition_whose_reply_was_lost_leaves_no_hold_behind(
             time.sleep(0.1)  # the server sleeps: the acquire waits behind it, then times out
         else:
             assert proxy is not None
-            proxy.lose_next_reply(match=b"EVAL")  # EVALSHA of the acquire script
+            proxy.lose_next_reply(match=SCRIPT_CALLS)  # the acquire script
         try:
             observed["first"] = first.acquire()
         except LockBackendError as exc:

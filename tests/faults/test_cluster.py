@@ -269,3 +269,24 @@ def test_a_plain_client_pointed_at_a_cluster_node_is_named_by_check_and_first_us
     assert [m.id for m in check_cluster_client()] == ["django_redislock.E014"]
     with pytest.raises(LockBackendError, match=r"REDISLOCK\['CLIENT'\]"):
         Lock("plain-on-cluster").acquire(blocking=False)
+
+
+def test_functions_are_loaded_on_every_primary_and_called_without_a_key_lookup(on_cluster):
+    """``FUNCTION LOAD`` goes to every primary; each ``FCALL`` names its node outright, so
+    redis-py does not ask a node for FCALL's keys (``COMMAND GETKEYS``) before each call."""
+    from django_redislock import scripts
+
+    for node in on_cluster.primaries():
+        node.command("CONFIG", "RESETSTAT")
+    names = names_on_every_primary(on_cluster, count=6)
+    for name in names:
+        with Lock(name, timeout=5):
+            pass
+    fcalls = 0
+    for node in on_cluster.primaries():
+        assert node.admin().function_list(library=scripts.LIBRARY.name), node
+        stats = node.info("commandstats")
+        assert "cmdstat_command|getkeys" not in stats, (node, sorted(stats))
+        assert "cmdstat_evalsha" not in stats, node
+        fcalls += stats.get("cmdstat_fcall", {}).get("calls", 0)
+    assert fcalls >= 2 * len(names)

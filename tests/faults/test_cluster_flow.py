@@ -61,6 +61,13 @@ def test_lock_rate_and_task_permits_hold_with_the_limits_on_the_cluster(on_clust
     count, seconds = tasks.FLOW_LOCK_RATE
     results = [tasks.per_key_rated.apply_async(("cl", i), queue=QUEUE) for i in range(6)]
     capped = [tasks.capped.apply_async((t, 0.4), queue=QUEUE) for t in "ABAB"]
+    # The per-key limiter lives on the cluster, listed like any rate limiter there while in use
+    # (its key expires once it has rested: 0.2 s after the last run at this rate).
+    wait_for(
+        lambda: "rated:cl" in {i.name for i in list_locks() if i.kind == "rate"},
+        10,
+        what="the per-key rate limiter listed",
+    )
     assert sorted(r.get(timeout=30) for r in results) == list(range(6))
     assert sorted(r.get(timeout=30) for r in capped) == sorted("ABAB")
     at = starts("rated:cl")
@@ -68,8 +75,6 @@ def test_lock_rate_and_task_permits_hold_with_the_limits_on_the_cluster(on_clust
     assert min(b - a for a, b in itertools.pairwise(at)) >= seconds / count - TOLERANCE
     peaks = [int(n) for n in tasks.observer().lrange("peaks:capped", 0, -1)]
     assert max(peaks) <= 3
-    # The per-key limiter lives on the cluster, listed like any rate limiter there.
-    assert "rated:cl" in {i.name for i in list_locks() if i.kind == "rate"}
     wait_for(
         lambda: not [i for i in list_locks() if i.name == permit_name(tasks.capped.flight_rules)],
         10,

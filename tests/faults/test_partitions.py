@@ -13,6 +13,7 @@ import pytest
 
 from django_redislock import Lock, LockBackendError, LockLostError, signals
 from tests.conftest import wait_for
+from tests.proxy import SCRIPT_CALLS
 
 SOCKET_TIMEOUT = 1.0
 
@@ -132,7 +133,7 @@ def _warm(using: str) -> None:
 def test_an_acquisition_whose_connection_is_lost_is_resent_and_holds_once(proxied):
     _warm("proxied")
     direct = proxied.direct()
-    proxied.proxy.lose_next_reply(match=b"EVALSHA")  # it runs; the connection is reset
+    proxied.proxy.lose_next_reply(match=SCRIPT_CALLS)  # it runs; the connection is reset
     lock = Lock("lost-conn", using="proxied", timeout=10)
     assert lock.acquire(blocking=False) is True
     assert proxied.proxy.replies_lost == 1  # the fault happened
@@ -147,7 +148,7 @@ def test_a_waiter_whose_queue_call_loses_its_connection_keeps_its_place(proxied)
     holder = Lock("lost-queue", using="direct", timeout=30, owner="holder")
     holder.acquire()
     _warm("proxied")
-    proxied.proxy.lose_next_reply(match=b"EVALSHA")
+    proxied.proxy.lose_next_reply(match=SCRIPT_CALLS)
     result: dict[str, object] = {}
 
     def wait() -> None:
@@ -195,7 +196,7 @@ def test_a_rate_decision_whose_connection_is_lost_is_not_resent(proxied):
     _warm("proxied")
     limiter.try_acquire()  # its script loaded
     limiter.reset()
-    proxied.proxy.lose_next_reply(match=b"EVALSHA")
+    proxied.proxy.lose_next_reply(match=SCRIPT_CALLS)
     with pytest.raises(LockBackendError):
         limiter.try_acquire()  # counted on the server; a resend would have answered "limited"
     assert proxied.proxy.replies_lost == 1

@@ -149,3 +149,43 @@ def test_a_refusal_is_a_refusal_while_the_replica_stalls(primary_and_replica):
         assert limiter.reserve(max_wait=0.5) is None
     finally:
         replica.resume()
+
+
+@pytest.mark.parametrize("functions", [True, False], ids=["functions", "evalsha"])
+def test_a_promoted_replica_answers_the_first_call_without_loading_a_script(
+    redis_factory, settings, functions
+):
+    """Functions are replicated with the data; the script cache is not (NOSCRIPT, SCRIPT LOAD
+    and a second call on the new primary's first call of each script)."""
+    primary = redis_factory().start()
+    replica = redis_factory().start()
+    primary.client().config_set("repl-diskless-sync-delay", 0)
+    replica.client().replicaof("127.0.0.1", primary.port)
+    wait_for(lambda: primary.client().execute_command("WAIT", 1, 100) == 1, what="the replica")
+
+    def use(server) -> None:
+        settings.CACHES = {
+            **settings.CACHES,
+            "promoted": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": server.url},
+        }
+        settings.REDISLOCK = {"CACHE": "promoted", "FUNCTIONS": functions}
+
+    use(primary)
+    with Lock("before-failover", timeout=5):
+        pass
+    assert primary.client().execute_command("WAIT", 1, 1000) == 1
+    primary.kill()
+    replica.client().replicaof("no", "one")
+    replica.client().config_resetstat()
+    use(replica)
+    with Lock("after-failover", timeout=5):
+        pass
+    calls = {
+        k[len("cmdstat_") :]: v["calls"] for k, v in replica.client().info("commandstats").items()
+    }
+    if functions:
+        assert calls.get("fcall") == 2, calls  # acquire, release: nothing else
+        assert "function|load" not in calls and "script|load" not in calls, calls
+    else:
+        assert calls.get("script|load") == 2, calls  # after a NOSCRIPT, for each script
+        assert calls.get("evalsha") == 4, calls
