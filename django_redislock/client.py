@@ -18,12 +18,14 @@ from django_redislock.records import LockRecord, parse_record
 
 __all__ = [
     "StatsUpdate",
+    "ahas_field_ttl",
     "alock_exists",
     "aread_lock",
     "blocking_pop",
     "delete_keys",
     "eviction_policy",
     "gcra_unit",
+    "has_field_ttl",
     "lock_exists",
     "read_beat_state",
     "read_lock",
@@ -261,6 +263,31 @@ def _decoded(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+#: ``COMMAND GETKEYS`` of a per-field expiry: an error where the server has no ``HPEXPIREAT``.
+#: (One command name, as redis-py's own commands parser sends it: redis-py would read the reply
+#: of a plain "COMMAND" as COMMAND's table.)
+FIELD_TTL_PROBE = ("COMMAND GETKEYS", "HPEXPIREAT", "k", 1, "FIELDS", 1, "f")
+
+
+def has_field_ttl(client: Any) -> bool:
+    """Whether the server expires hash fields (``HPEXPIREAT``: Redis 7.4+, Valkey 9); asked once
+    per deployment by the transport. ``COMMAND GETKEYS`` sends nothing to any key."""
+    try:
+        client.execute_command(*FIELD_TTL_PROBE)
+    except ResponseError:
+        return False
+    return True
+
+
+async def ahas_field_ttl(client: Any) -> bool:
+    """:func:`has_field_ttl` for an asyncio client."""
+    try:
+        await client.execute_command(*FIELD_TTL_PROBE)
+    except ResponseError:
+        return False
+    return True
+
+
 def gcra_unit(client: Any, probe_key: str) -> str | None:
     """Whether the server has a ``GCRA`` command, and the unit of its retry-after: ``"ms"``,
     ``"s"`` (its builds differ), or ``None`` (no such command).
@@ -271,7 +298,7 @@ def gcra_unit(client: Any, probe_key: str) -> str | None:
     retrying after about 1000 s, which tells the unit. Nothing else is touched.
     """
     try:
-        client.execute_command("COMMAND", "GETKEYS", "GCRA", probe_key, 0, 1, 1000)
+        client.execute_command("COMMAND GETKEYS", "GCRA", probe_key, 0, 1, 1000)
     except ResponseError:
         return None
     try:

@@ -131,6 +131,9 @@ class Script:
 
     #: The script's function in :data:`LIBRARY` (set when the library is built).
     function: str = ""
+    #: Whether the script expires hash fields where the server can (``expire_fields`` in
+    #: ``_library.lua``): the transport then appends ``"ttl:1"`` or ``"ttl:0"`` to its arguments.
+    field_ttl: bool = False
 
     def __init__(self, filename: str) -> None:
         self.filename = filename
@@ -139,6 +142,7 @@ class Script:
             raise ValueError(f"lua/{filename} must start with its comment header")
         self.source = compose(text)
         self.sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
+        self.field_ttl = "expire_fields" in _needed(text)
 
     def __repr__(self) -> str:
         return f"<Script {self.filename} {self.sha[:8]}>"

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from redis import Redis
 from redis import exceptions as redis_errors
 
+from django_redislock import client as redis_client
 from django_redislock import connection
 from django_redislock.exceptions import LockBackendError
 from django_redislock.scripts import Script
@@ -315,6 +316,7 @@ class RedisPyTransport:
 
     def _queue(self, pipe: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> None:
         """Add one call of ``script`` to a pipeline (of one node: no Cluster routing)."""
+        args = (*args, *self.scripts.extra(script))
         if script.command is not None:
             pipe.execute_command(script.command, *keys, *args)
         elif self.scripts.functions:
@@ -514,6 +516,22 @@ class _Scripts:
         self.client = client
         self.cluster = connection.is_cluster(client)
         self.functions: bool | None = None if enabled else False
+        #: Whether the server expires hash fields (``HPEXPIREAT``); ``None``: not asked yet.
+        self.field_ttl: bool | None = None
+
+    def extra(self, script: Script) -> tuple[str, ...]:
+        """Arguments the transport appends for ``script``: whether the server expires hash
+        fields, for the scripts that expire their records' fields (asked once)."""
+        if not script.field_ttl:
+            return ()
+        if self.field_ttl is None:
+            self.field_ttl = redis_client.has_field_ttl(self.client)
+        return ("ttl:1",) if self.field_ttl else ("ttl:0",)
+
+    async def aextra(self, client: Any, script: Script) -> tuple[str, ...]:
+        if script.field_ttl and self.field_ttl is None:
+            self.field_ttl = await redis_client.ahas_field_ttl(client)
+        return self.extra(script)
 
     # -- what is sent -------------------------------------------------------------------------
     def fcall_args(
@@ -563,6 +581,7 @@ class _Scripts:
     def call(self, client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run ``script`` once: ``FCALL`` (loading the library when the server lacks it),
         ``EVALSHA`` (loading the script after a ``NOSCRIPT``), or a server command."""
+        args = (*args, *self.extra(script))
         try:
             if script.command is not None:
                 return client.execute_command(script.command, *keys, *args)
@@ -605,6 +624,7 @@ class _Scripts:
     async def acall(
         self, client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]
     ) -> Any:
+        args = (*args, *(await self.aextra(client, script)))
         try:
             if script.command is not None:
                 return await client.execute_command(script.command, *keys, *args)

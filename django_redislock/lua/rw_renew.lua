@@ -23,5 +23,6 @@ if not ends or ends <= now or not owned_by(redis.call('HGET', KEYS[3], owner), o
 end
 if ARGV[3] == 'add' then ms = ms + (ends - now) end
 redis.call('ZADD', KEYS[2], now + ms, owner)
+expire_fields(KEYS[3], now + ms, owner)
 rw_touch(KEYS)
 return 1

@@ -17,5 +17,6 @@ end
 local expiry = now + tonumber(ARGV[3])
 if ARGV[4] == 'add' then expiry = tonumber(score) + tonumber(ARGV[3]) end
 redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[2])
+expire_fields(KEYS[2], expiry, ARGV[2], 'a:' .. attempt_of(rec))
 sem_touch(KEYS[1], KEYS[2])
 return 1
