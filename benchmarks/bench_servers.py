@@ -209,7 +209,8 @@ def main() -> None:
     running = {label: RedisServer(binary=binary).start() for label, binary in kinds}
     try:
         for label, server in running.items():
-            versions[label] = server.version()
+            info = server.client().info("server")  # Valkey says redis_version 7.2.4 too
+            versions[label] = str(info.get("valkey_version") or info["redis_version"])
         for _ in range(options.rounds):
             for label, binary in kinds:
                 for functions in (True, False):
