@@ -12,7 +12,7 @@ from django.test import override_settings
 
 from django_redislock import Lock, LockBackendError, list_locks
 from django_redislock.runtime import get_client
-from tests.conftest import start_holder
+from tests.conftest import start_holder, wait_for
 
 SOCKET_TIMEOUT = 1.0
 
@@ -211,6 +211,22 @@ def test_a_held_lock_survives_a_restart_with_aof(aof_redis, on):
     time.sleep(2.5)  # a renewal after the restart
     assert lock.owned() and not lock.lost
     lock.release()
+
+
+def test_the_functions_library_survives_a_restart_with_aof(aof_redis, on):
+    """The library is saved with the data: the first call after the restart loads nothing."""
+    on(aof_redis)
+    with Lock("functions-before", timeout=5):
+        pass
+    aof_redis.restart()
+    client = aof_redis.client()
+    wait_for(client.ping, what="the restarted server")
+    client.config_resetstat()
+    with Lock("functions-after", timeout=5):
+        pass
+    stats = client.info("commandstats")
+    assert stats["cmdstat_fcall"]["calls"] == 2, sorted(stats)
+    assert "cmdstat_function|load" not in stats and "cmdstat_script|load" not in stats
 
 
 def test_a_restart_without_persistence_is_reported_at_the_next_renewal(volatile_redis, on):
