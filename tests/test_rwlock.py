@@ -448,6 +448,12 @@ def test_a_readers_record_ends_with_its_lease_where_the_server_expires_fields(
     renewed = ReadWriteLock("rw-fields", timeout=0.3).read_lock(auto_renew=False)
     crashed = ReadWriteLock("rw-fields", timeout=0.3).read_lock(auto_renew=False)
     assert renewed.acquire()
+    assert renewed.acquire()  # re-entered: the release below rewrites the record
+    renewed.release()
+    if has_field_ttl(client):
+        (owner,) = client.hkeys(records)
+        (ttl,) = client.execute_command("HPTTL", records, "FIELDS", 1, owner)
+        assert 0 < ttl <= 300, ttl  # a rewritten record keeps the lease's end
     taken: list[bool] = []
     reader = threading.Thread(target=lambda: taken.append(crashed.acquire()))
     reader.start()  # another owner (a thread) reads too, and never renews

@@ -420,7 +420,8 @@ local function rw_drop(keys, owner, writes, attempt, all_holds, prefix, now)
       redis.call('SET', keys[1], value, 'KEEPTTL')
     else
       redis.call('HSET', keys[3], owner, value)
-      expire_fields(keys[3], redis.call('ZSCORE', keys[2], owner), owner)
+      local ends = redis.call('ZSCORE', keys[2], owner)
+      if ends then expire_fields(keys[3], ends, owner) end
     end
     return rec.n - 1
   end
