@@ -225,6 +225,11 @@ def test_the_functions_library_survives_a_restart_with_aof(aof_redis, on):
     with Lock("functions-after", timeout=5):
         pass
     stats = client.info("commandstats")
+    if int(client.info("server")["redis_version"].split(".")[0]) < 7:  # the oldest matrix env
+        # Redis 6.2 has no Functions (EVALSHA), but it still writes SCRIPT LOAD to its AOF (as
+        # to its replicas), so its scripts come back too.
+        assert stats["cmdstat_evalsha"]["calls"] == 2 and "cmdstat_script" not in stats, stats
+        return
     assert stats["cmdstat_fcall"]["calls"] == 2, sorted(stats)
     assert "cmdstat_function|load" not in stats and "cmdstat_script|load" not in stats
 
