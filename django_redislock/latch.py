@@ -252,13 +252,8 @@ class _Latch(_Shared):
     def _count_down(self) -> _Job[None]:
         target = self._target()
         ident = runtime.new_attempt_id()
-        args = [
-            self.initial_count,
-            ident,
-            _ms(self.timeout),
-            target.keys.wake_channel_prefix,
-            RECENT_COUNT_DOWNS,
-        ]
+        wake = target.channel_args(self.name)
+        args = [self.initial_count, ident, _ms(self.timeout), *wake, RECENT_COUNT_DOWNS]
         call = Call(LATCH_COUNT_DOWN, self.keys(target), args, f"count down latch {self.name!r}")
         return _Job(target, _discard(call), ident)
 
@@ -392,7 +387,8 @@ class _Barrier(_Shared):
 
     def _call(self, target: Any, op: str, waiter: str) -> Call:
         lease = self.timeout
-        args = [op, waiter, self._parties, _ms(lease), _ms(lease), target.keys.wake_channel_prefix]
+        wake = target.channel_args(self.name)
+        args = [op, waiter, self._parties, _ms(lease), _ms(lease), *wake]
         return Call(BARRIER_WAIT, self.keys(target), args, f"{op} at barrier {self.name!r}")
 
     def _broken(self, why: str) -> BrokenBarrierError:

@@ -6,7 +6,8 @@ bundles the transport that reaches the server, the key space, the process's wake
 there, and the deployment's answers to the protocol's questions: may a release hand the lock
 over outright (a single Redis, where ``PUBLISH`` counts every subscriber and no replica has to
 acknowledge the new holder), how long a reserved hand-off waits to be claimed, how many
-replicas acknowledge a write.
+replicas acknowledge a write, and where wake-ups are published (the process's channel, or on a
+Cluster with sharded Pub/Sub a shard channel in each lock's slot).
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ class Target:
     aof_replicas: int = 0
     #: Independent masters of a quorum target (Redlock); empty for one deployment.
     members: tuple[Target, ...] = ()
+    #: Wake-ups go by sharded Pub/Sub (``SPUBLISH`` on a shard channel of each lock's slot): a
+    #: Cluster whose servers have it.
+    sharded: bool = False
 
     @property
     def client(self) -> Any:
@@ -94,9 +98,20 @@ class Target:
             return 0
         return max(1, int(min(CLAIM_WINDOW, lease) * 1000))
 
-    def wake_args(self, lease: float) -> list[Any]:
+    def wake_prefix(self, name: str) -> str:
+        """Where the wake-ups of ``name``'s waiters go (+ their process token): the process's
+        channel, or the shard channel of ``name``'s slot, so a hand-off reaches only the
+        lock's shard instead of every node of a Cluster."""
+        return self.keys.shard_wake_prefix(name) if self.sharded else self.channel_prefix
+
+    def channel_args(self, name: str) -> list[Any]:
+        """The two arguments of every script that wakes ``name``'s waiters: the channel prefix
+        and whether to ``SPUBLISH`` ("1") or ``PUBLISH`` ("0"), decided here, not in Lua."""
+        return [self.wake_prefix(name), "1" if self.sharded else "0"]
+
+    def wake_args(self, name: str, lease: float) -> list[Any]:
         """The arguments every script that may hand a lock over ends with."""
-        return [self.channel_prefix, "1" if self.outright else "0", self.claim_ms(lease)]
+        return [*self.channel_args(name), "1" if self.outright else "0", self.claim_ms(lease)]
 
     def wake_local(self, handed: tuple[str, int | None] | None) -> None:
         """A release handed the lock to a waiter of this process, without a message: wake it
