@@ -5,7 +5,8 @@ and statistics pipelines are in :mod:`django_redislock.client`). The default,
 :class:`RedisPyTransport`, uses redis-py's public API only: ``evalsha`` and ``script_load`` on
 the client (so redis-py's own retry, health checks, metrics and instrumentation such as
 OpenTelemetry's all see every lock command), pipelines, ``pubsub()``, and an asyncio twin of the
-client per running event loop.
+client per running event loop. It also prepares the wake-up listeners' own connections
+(:meth:`RedisPyTransport.pubsub`).
 
 What a failure means is decided here, once, for every face:
 
@@ -41,6 +42,7 @@ from redis import exceptions as redis_errors
 from django_redislock import connection
 from django_redislock.exceptions import LockBackendError
 from django_redislock.scripts import Script
+from django_redislock.wakeups import DEFAULT_REPLY_TIMEOUT
 
 __all__ = [
     "Acks",
@@ -216,7 +218,7 @@ class Transport(Protocol):
         """:meth:`run` for asyncio code (a client of the running loop)."""
 
     def pubsub(self) -> Any:
-        """A redis-py ``PubSub`` for the wake-up listener."""
+        """A redis-py ``PubSub`` on a connection of its own for the wake-up listener."""
 
     def close(self) -> None:
         """Forget the asyncio clients of other loops (settings changed, or the process forked)."""
@@ -336,7 +338,23 @@ class RedisPyTransport:
         client.script_load(script.source)
 
     def pubsub(self) -> Any:
-        return self.client.pubsub()
+        """A ``PubSub`` for a wake-up listener, on a connection of its own that it keeps for
+        long, so it is named (``CLIENT SETINFO LIB-NAME``) and exempt from client eviction
+        under memory pressure (``CLIENT NO-EVICT on``: an evicted listener would leave its
+        waiters to their own re-checks) before it subscribes. A refusal of either is ignored:
+        ``SETINFO`` came with Redis 7.2 and ``NO-EVICT`` with 7.0, and ``NO-EVICT`` needs the
+        ``@admin`` ACL category."""
+        pubsub = self.client.pubsub()
+        own = (("CLIENT", "SETINFO", "LIB-NAME", lib_name()), ("CLIENT", "NO-EVICT", "on"))
+        try:
+            for command in own:
+                pubsub.execute_command(*command)
+                _reply(pubsub, self.socket_timeout or DEFAULT_REPLY_TIMEOUT)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                pubsub.reset()
+            raise
+        return pubsub
 
     # -- asyncio -----------------------------------------------------------------------------
     async def arun(
@@ -475,6 +493,31 @@ class _deadline:
         if self._fired and kind is asyncio.CancelledError:
             raise TimeoutError from exc
         return None
+
+
+def lib_name() -> str:
+    """``CLIENT SETINFO LIB-NAME`` of the listeners' connections: redis-py's own name with this
+    package as its upstream driver, as redis-py's ``DriverInfo`` formats it."""
+    import django_redislock
+
+    return f"redis-py(django-redislock_v{django_redislock.__version__})"
+
+
+def _reply(pubsub: Any, timeout: float) -> None:
+    """Read the reply to a command a ``PubSub`` sent before subscribing; an error reply (a
+    refusal) is ignored, and so are RESP3 pushes read before it (a connection of the pool that
+    tracked keys may have invalidations waiting)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise redis_errors.TimeoutError(f"no reply within {timeout:g} s")
+        try:
+            reply = pubsub.parse_response(block=False, timeout=left)
+        except redis_errors.ResponseError:
+            return
+        if reply is not None and not isinstance(reply, list):
+            return
 
 
 def node_client(client: Any, key: str) -> Any:

@@ -13,6 +13,9 @@ subscriber; when the listener reconnects it makes every local waiter re-check, a
 also re-checks on its own when the holder's lease would end. A periodic ``PING`` finds a
 connection that went silent (a partition) within :data:`HEALTH_INTERVAL` plus the socket timeout.
 The listener reads with redis-py's ``PubSub.get_message``.
+
+The connection a listener holds for long is named and exempt from client eviction where the
+server allows it (see :meth:`django_redislock.transport.RedisPyTransport.pubsub`).
 """
 
 from __future__ import annotations
@@ -176,7 +179,7 @@ class WaiterRegistry:
 
     def dispatch(self, data: bytes | str) -> None:
         """A wake-up message as published by the scripts."""
-        text = data.decode() if isinstance(data, bytes) else data
+        text = data.decode(errors="replace") if isinstance(data, bytes) else data
         parts = text.split(" ")
         kind, waiter_id, number = parts[0], parts[1] if len(parts) > 1 else "", parts[2:3]
         value = int(number[0]) if number and number[0].lstrip("-").isdigit() else None
@@ -205,7 +208,117 @@ def _notify(waiter: Waiter, kind: str, value: int | None) -> None:
         waiter.notify(recheck_in=value / 1000)
 
 
-class Listener:
+class _Reader:
+    """A daemon thread reading one subscribed connection, and making it again after a loss
+    while it is needed: what the process's listener and a shard's reader share.
+
+    Subclasses say what to subscribe (:meth:`_subscribe`), what a message means
+    (:meth:`_handle`), when nobody needs the connection (:meth:`_idle`, :meth:`_needed`) and
+    what a lost connection changes (:meth:`_disconnected`).
+    """
+
+    def __init__(
+        self,
+        transport: Any,
+        reply_timeout: float | None,
+        waiters: WaiterRegistry,
+        mutex: threading.Lock,
+    ) -> None:
+        self.transport = transport
+        self.reply_timeout = reply_timeout or DEFAULT_REPLY_TIMEOUT
+        self.waiters = waiters
+        #: Subscriptions made (connections that subscribed).
+        self.connections = 0
+        self._thread: threading.Thread | None = None
+        self._mutex = mutex
+
+    def _start(self) -> None:
+        """Start the thread unless it runs (holding the mutex)."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="django-redislock-wakeups", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            lost = False
+            try:
+                self._listen()
+            except Exception as exc:  # connection lost or refused: reconnect while needed
+                lost = True
+                if self._needed():
+                    logger.warning(
+                        "django_redislock: wake-up connection lost (%s); reconnecting.", exc
+                    )
+            if lost and self._needed():
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+            with self._mutex:
+                # Disconnected first (in _listen), then look: a waiter registers before it
+                # reads `ready`, so it either sees it cleared (and calls ensure()) or is seen
+                # here.
+                if not self._needed():
+                    self._thread = None
+                    return
+
+    def _listen(self) -> None:
+        pubsub = self._open()
+        try:
+            self._subscribe(pubsub)
+            self._read(pubsub)
+        finally:
+            with self._mutex:
+                self._disconnected()
+            with contextlib.suppress(Exception):  # a broken connection may fail to close too
+                pubsub.reset()
+
+    def _read(self, pubsub: Any) -> None:
+        """Read until :meth:`_idle`; ``PING`` a connection that went silent, and give it up
+        when no ``PONG`` comes."""
+        last_heard = time.monotonic()
+        pinged = False
+        while True:
+            message = pubsub.get_message(timeout=HEALTH_INTERVAL)
+            now = time.monotonic()
+            if self._idle(now):
+                return
+            if message is not None:
+                last_heard, pinged = now, False
+                self._handle(message)
+                continue
+            silent = now - last_heard
+            if pinged and silent > HEALTH_INTERVAL + self.reply_timeout:
+                raise TimeoutError(f"no reply to PING for {silent:.1f} s")
+            if not pinged and silent >= HEALTH_INTERVAL:
+                pubsub.ping()
+                pinged = True
+
+    # -- what a reader decides ----------------------------------------------------------------
+    def _open(self) -> Any:
+        """A new ``PubSub`` of its own connection."""
+        raise NotImplementedError
+
+    def _subscribe(self, pubsub: Any) -> None:
+        raise NotImplementedError
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _idle(self, now: float) -> bool:
+        """Whether nobody needs the connection any more (then it is closed)."""
+        raise NotImplementedError
+
+    def _needed(self) -> bool:
+        """Whether to keep (or make again) the connection."""
+        raise NotImplementedError
+
+    def _disconnected(self) -> None:
+        """The connection is gone (holding the mutex): its subscriptions no longer hear."""
+
+
+class Listener(_Reader):
     """The subscribed connection of this process to one server (a transport).
 
     Started by the first waiter that needs it; a daemon thread holding one connection while any
@@ -217,83 +330,60 @@ class Listener:
     def __init__(
         self, transport: Any, channel: str, reply_timeout: float | None, waiters: WaiterRegistry
     ) -> None:
-        self.transport = transport
+        super().__init__(transport, reply_timeout, waiters, threading.Lock())
         self.channel = channel
-        self.reply_timeout = reply_timeout or DEFAULT_REPLY_TIMEOUT
-        self.waiters = waiters
         self.ready = threading.Event()
-        self.connections = 0
-        self._thread: threading.Thread | None = None
-        self._mutex = threading.Lock()
+        self._idle_since = 0.0
+        #: Calls of :meth:`ensure` waiting: the flow subscribes before its waiter registers,
+        #: so a thread about to stop for want of waiters must not stop while one waits.
+        self._asking = 0
 
     def ensure(self, timeout: float) -> bool:
         """Start the listener if needed and wait up to ``timeout`` s until it is subscribed."""
-        if not self.ready.is_set():
-            with self._mutex:
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._run, name="django-redislock-wakeups", daemon=True
-                    )
-                    self._thread.start()
-        return self.ready.wait(timeout)
-
-    def _run(self) -> None:
-        backoff = 0.05
-        while True:
-            lost = False
-            try:
-                self._listen()
-            except Exception as exc:  # connection lost or refused: reconnect while needed
-                lost = True
-                if self.waiters:
-                    logger.warning(
-                        "django_redislock: wake-up connection lost (%s); reconnecting.", exc
-                    )
-            with self._mutex:
-                # Clear first, then look: a waiter registers before it reads `ready`, so it
-                # either sees it cleared (and calls ensure()) or is seen here.
-                self.ready.clear()
-                if not self.waiters:
-                    self._thread = None
-                    return
-            if lost:
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
-
-    def _listen(self) -> None:
-        pubsub = self.transport.pubsub()
+        if self.ready.is_set():
+            return True
+        with self._mutex:
+            self._asking += 1
+            self._start()
         try:
-            pubsub.subscribe(self.channel)
-            self._await_reply(pubsub, "subscribe")
-            self.connections += 1
-            self.ready.set()
-            if self.connections > 1:
-                self.waiters.wake_all()
-            last_heard = idle_since = time.monotonic()
-            pinged = False
-            while True:
-                message = pubsub.get_message(timeout=HEALTH_INTERVAL)
-                now = time.monotonic()
-                if self.waiters:
-                    idle_since = now
-                elif now - idle_since > IDLE_EXIT:
-                    return
-                if message is not None:
-                    last_heard, pinged = now, False
-                    if message.get("type") == "message" and _text(message.get("channel")) == (
-                        self.channel
-                    ):  # not, e.g., a CLIENT TRACKING invalidation redirected here
-                        self.waiters.dispatch(message["data"])
-                    continue
-                silent = now - last_heard
-                if pinged and silent > HEALTH_INTERVAL + self.reply_timeout:
-                    raise TimeoutError(f"no reply to PING for {silent:.1f} s")
-                if not pinged and silent >= HEALTH_INTERVAL:
-                    pubsub.ping()
-                    pinged = True
+            return self.ready.wait(timeout)
         finally:
-            with contextlib.suppress(Exception):  # a broken connection may fail to close too
-                pubsub.reset()
+            with self._mutex:
+                self._asking -= 1
+
+    def _open(self) -> Any:
+        return self.transport.pubsub()
+
+    def _subscribe(self, pubsub: Any) -> None:
+        pubsub.subscribe(self.channel)
+        self._await_reply(pubsub, "subscribe")
+        self.connections += 1
+        self.ready.set()
+        self._idle_since = time.monotonic()
+        if self.connections > 1:
+            self.waiters.wake_all()
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        if kind == "message" and _text(message.get("channel")) == self.channel:
+            self.waiters.dispatch(message["data"])
+        elif kind == "subscribe":
+            # redis-py reconnected on its own (a client with retries) and subscribed again:
+            # make the connection anew, so that it is protected and the waiters re-check.
+            raise ConnectionError("the wake-up subscription was made again by redis-py")
+        # Anything else (e.g. a CLIENT TRACKING invalidation redirected here) is not ours.
+
+    def _idle(self, now: float) -> bool:
+        if self.waiters:
+            self._idle_since = now
+            return False
+        return now - self._idle_since > IDLE_EXIT
+
+    def _needed(self) -> bool:
+        return bool(self.waiters) or self._asking > 0
+
+    def _disconnected(self) -> None:
+        self.ready.clear()
 
     def _await_reply(self, pubsub: Any, kind: str) -> None:
         deadline = time.monotonic() + self.reply_timeout
