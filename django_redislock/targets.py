@@ -43,7 +43,8 @@ class Target:
     settings: LockSettings
     transport: Transport
     keys: KeySpace
-    #: This process's wake-up listener there (a :class:`~django_redislock.wakeups.Listener`).
+    #: This process's wake-up listener there (a :class:`~django_redislock.wakeups.Listener`,
+    #: or a :class:`~django_redislock.wakeups.ShardedListener`): see :meth:`listening`.
     listener: Any
     waiters: WaiterRegistry
     #: ``<ns>:wake:``; a waiter's process listens on this prefix + its process token.
@@ -61,7 +62,7 @@ class Target:
     #: Independent masters of a quorum target (Redlock); empty for one deployment.
     members: tuple[Target, ...] = ()
     #: Wake-ups go by sharded Pub/Sub (``SPUBLISH`` on a shard channel of each lock's slot): a
-    #: Cluster whose servers have it.
+    #: Cluster whose servers have it (see :attr:`~django_redislock.transport.Transport.sharded`).
     sharded: bool = False
 
     @property
@@ -112,6 +113,12 @@ class Target:
     def wake_args(self, name: str, lease: float) -> list[Any]:
         """The arguments every script that may hand a lock over ends with."""
         return [*self.channel_args(name), "1" if self.outright else "0", self.claim_ms(lease)]
+
+    def listening(self, name: str) -> Any:
+        """This process's subscription that hears ``name``'s wake-ups (a
+        :class:`~django_redislock.wakeups.Listening`): the listener itself, or on sharded
+        Pub/Sub the subscription to ``name``'s shard channel."""
+        return self.listener.subscription(self.wake_prefix(name))
 
     def wake_local(self, handed: tuple[str, int | None] | None) -> None:
         """A release handed the lock to a waiter of this process, without a message: wake it
@@ -172,6 +179,7 @@ def single_target(
         # which WAIT / WAITAOF then acknowledge: a hand-off is acknowledged like any other
         # acquisition.
         outright=not transport.cluster and not durable,
+        sharded=transport.sharded,
         socket_timeout=socket_timeout,
         replicas=settings.replicas,
         replicas_timeout_ms=_wait_ms(settings.replicas_timeout, socket_timeout),
