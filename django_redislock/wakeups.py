@@ -316,15 +316,17 @@ class _Reader:
                     return
 
     def _listen(self) -> None:
-        pubsub = self._open()
+        pubsub = None
         try:
+            pubsub = self._open()
             self._subscribe(pubsub)
             self._read(pubsub)
         finally:
             with self._mutex:
-                self._disconnected()
-            with contextlib.suppress(Exception):  # a broken connection may fail to close too
-                pubsub.reset()
+                self._disconnected()  # also when no connection could be made
+            if pubsub is not None:
+                with contextlib.suppress(Exception):  # a broken connection may fail to close
+                    pubsub.reset()
 
     def _read(self, pubsub: Any) -> None:
         """Read until :meth:`_idle`; ``PING`` a connection that went silent, and give it up
@@ -722,10 +724,17 @@ class _ShardReader(_Reader):
             pubsub.ping()
 
     def _disconnected(self) -> None:
+        # Channels nobody waits on are dropped, not made again (an ensure() under way places
+        # its channel anew; a waiter registering later finds it unsubscribed and re-checks).
         self.pubsub = None
         self.leaving.clear()
+        for channel in sorted(self.wanted):
+            if not self.waiters.waiting_on(channel):
+                self.remove(channel)
+                self.owner._lapsed.discard(channel)
         self.owner._lapsed.update(self.confirmed)
         self.confirmed.clear()
+        self.owner._changed.notify_all()
 
     def _ended(self) -> None:
         if self.owner._readers.get(self.node.name) is self:
