@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django_redislock.flow import (
@@ -34,7 +34,7 @@ from django_redislock.flow import (
     Woken,
 )
 from django_redislock.transport import NoReply
-from django_redislock.wakeups import Waiter
+from django_redislock.wakeups import Listening, Waiter
 
 __all__ = [
     "Attempt",
@@ -58,9 +58,12 @@ class Attempt:
     plan: Plan
     #: The event loop an async waiter sleeps in (``None``: a thread).
     loop: asyncio.AbstractEventLoop | None = None
-    #: The listener's subscription count when the attempt began: a renewed subscription since
-    #: then (its messages meanwhile are lost) makes the waiter re-check at once.
-    generation: int = 0
+    #: The subscription that hears the wake-ups of the plan's name (its target's listener, or
+    #: on sharded Pub/Sub that name's shard channel).
+    listening: Listening = field(init=False)
+    #: The subscription's count when the attempt began: a renewed subscription since then (its
+    #: messages meanwhile are lost) makes the waiter re-check at once.
+    generation: int = field(init=False)
     waiter: Waiter | None = None
     #: Set once a call may have reached Redis: only then can anything need cleaning up.
     sent: bool = False
@@ -68,13 +71,18 @@ class Attempt:
     calls: int = 0
     replies: int = 0
 
+    def __post_init__(self) -> None:
+        self.listening = self.plan.target.listening(self.plan.name)
+        self.generation = self.listening.connections
+
     def _waiter(self) -> Waiter:
         waiter = self.waiter
         if waiter is None:
-            target = self.plan.target
-            waiter = self.waiter = Waiter(self.plan.attempt, loop=self.loop)
-            target.waiters.register(waiter)
-            if target.listener.connections != self.generation:
+            listening = self.listening
+            waiter = Waiter(self.plan.attempt, loop=self.loop, channel=listening.channel)
+            self.waiter = waiter
+            self.plan.target.waiters.register(waiter)
+            if listening.connections != self.generation:
                 waiter.recheck_at = 0.0
         return waiter
 
@@ -82,7 +90,7 @@ class Attempt:
         """The flow made sure this process listens, and queues only after that: nothing sent
         to the subscription it found can be lost, so it is the one the waiter compares with."""
         if listening:
-            self.generation = self.plan.target.listener.connections
+            self.generation = self.listening.connections
 
     def before_call(self) -> None:
         self.sent = True
@@ -99,7 +107,7 @@ class Attempt:
         """Whether the listener stopped since the attempt queued (it stops when no waiter is
         registered, and this waiter registers only now): subscribe again, then re-check at
         once, since a hand-off meanwhile went unheard."""
-        return not self.plan.target.listener.ready.is_set()
+        return not self.listening.ready.is_set()
 
     def close(self) -> None:
         if self.waiter is not None:
@@ -185,14 +193,15 @@ def drive(flow: Flow | SimpleFlow, attempt: Attempt | None, target: Any = None) 
                     raise TypeError(f"{op!r} needs an attempt")
                 elif isinstance(op, Wait):
                     waiter = attempt.wait_started(op)
-                    if attempt.resubscribe() and target.listener.ensure(target.subscribe_timeout):
+                    listening = attempt.listening
+                    if attempt.resubscribe() and listening.ensure(target.subscribe_timeout):
                         result = Woken(waiter.handed, waiter.token)  # re-check now
                     else:
                         waiter.wait(op.until)
                         result = Woken(waiter.handed, waiter.token)
                 else:
                     assert isinstance(op, Subscribe)
-                    result = target.listener.ensure(op.timeout)
+                    result = attempt.listening.ensure(op.timeout)
                     attempt.subscribed(result)
             except BaseException as exc:
                 op = flow.throw(exc)
@@ -226,8 +235,9 @@ async def adrive(flow: Flow | SimpleFlow, attempt: Attempt | None, target: Any =
                     raise TypeError(f"{op!r} needs an attempt")
                 elif isinstance(op, Wait):
                     waiter = attempt.wait_started(op)
+                    ensure = attempt.listening.ensure
                     if attempt.resubscribe() and await asyncio.to_thread(
-                        target.listener.ensure, target.subscribe_timeout
+                        ensure, target.subscribe_timeout
                     ):
                         result = Woken(waiter.handed, waiter.token)  # re-check now
                     else:
@@ -235,7 +245,8 @@ async def adrive(flow: Flow | SimpleFlow, attempt: Attempt | None, target: Any =
                         result = Woken(waiter.handed, waiter.token)
                 else:
                     assert isinstance(op, Subscribe)
-                    result = await asyncio.to_thread(target.listener.ensure, op.timeout)
+                    ensure = attempt.listening.ensure
+                    result = await asyncio.to_thread(ensure, op.timeout)
                     attempt.subscribed(result)
             except BaseException as exc:
                 op = flow.throw(exc)

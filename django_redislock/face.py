@@ -250,9 +250,9 @@ class Face:
             started=started,
             deadline=float("inf") if limit is None else started + limit,
             # Queue at the first call only when hand-offs can reach us already (subscribed).
-            queue=waits and target.listener.ready.is_set(),
+            queue=waits and target.listening(self.name).ready.is_set(),
         )
-        return drivers.Attempt(plan=plan, loop=self._loop(), generation=target.listener.connections)
+        return drivers.Attempt(plan=plan, loop=self._loop())
 
     def _known(self, owner: str) -> str:
         """What this process knows of ``owner``'s holds on this lock, for the acquire script:

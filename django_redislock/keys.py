@@ -148,6 +148,12 @@ class KeySpace:
         """Channels (not keys) a waiter's process listens on: this + its process token."""
         return f"{self.namespace}:wake:"
 
+    def shard_wake_prefix(self, name: str) -> str:
+        """On a Cluster with sharded Pub/Sub, the shard channels of ``name``'s waiters: this +
+        the process token. The name's hash tag puts them in the slot of its keys, the only
+        shard channels a script on those keys may ``SPUBLISH`` to."""
+        return f"{self.namespace}:wake:{{{tag_of(name)}}}:"
+
     def beat_state(self, lease_name: str) -> str:
         """Hash of the last run of each schedule entry of the beats sharing a leader lease."""
         return f"{self.namespace}:beat:{{{tag_of(lease_name)}}}"

@@ -108,7 +108,7 @@ def _cancel(
         attempt,
         "1" if take else "0",
         max(1, int(lease * 1000)),
-        *target.wake_args(lease),
+        *target.wake_args(name, lease),
         void_ms,
         last,
     ]
@@ -178,7 +178,7 @@ class _Queued:
     def _keys(self, target: Any, name: str) -> list[str]:
         raise NotImplementedError
 
-    def _extra(self, target: Any, lease: float, known: str) -> list[Any]:
+    def _extra(self, target: Any, name: str, lease: float, known: str) -> list[Any]:
         raise NotImplementedError
 
     def acquire_call(
@@ -205,7 +205,7 @@ class _Queued:
             lease=lease,
             queue=queue,
             entry_ms=entry_ms,
-            extra=self._extra(target, lease, known),
+            extra=self._extra(target, name, lease, known),
         )
 
     def read_acquire(self, reply: Any) -> AcquireReply:
@@ -264,9 +264,9 @@ class LockKind(_Queued):
         keys = target.keys
         return [keys.lock(name), keys.fence(name), keys.queue(name), keys.waiters(name)]
 
-    def _extra(self, target: Any, lease: float, known: str) -> list[Any]:
+    def _extra(self, target: Any, name: str, lease: float, known: str) -> list[Any]:
         """``known``: see ``lua/acquire.lua`` (what this process knows of the owner's holds)."""
-        return ["0" if self.reentrant else "1", *target.wake_args(lease), known]
+        return ["0" if self.reentrant else "1", *target.wake_args(name, lease), known]
 
     def refusal(self, name: str) -> str:
         """Why an acquisition was refused at once (a REFUSED reply)."""
@@ -293,7 +293,7 @@ class LockKind(_Queued):
         lease: float,
         here: str,
     ) -> Call:
-        args = [owner, attempt, "1" if all_holds else "0", *target.wake_args(lease), here]
+        args = [owner, attempt, "1" if all_holds else "0", *target.wake_args(name, lease), here]
         return scripts.RELEASE, self._keys(target, name), args
 
     def read_release(self, reply: Any) -> DropReply:
@@ -352,8 +352,8 @@ class SemaphoreKind(_Queued):
             keys.semaphore_waiters(name),
         ]
 
-    def _extra(self, target: Any, lease: float, known: str) -> list[Any]:
-        return [self.permits, *target.wake_args(lease)]
+    def _extra(self, target: Any, name: str, lease: float, known: str) -> list[Any]:
+        return [self.permits, *target.wake_args(name, lease)]
 
     def read_acquire(self, reply: Any) -> AcquireReply:
         state = int(reply[0])
@@ -383,7 +383,7 @@ class SemaphoreKind(_Queued):
         lease: float,
         here: str,
     ) -> Call:
-        args = [owner, token or 0, *target.wake_args(lease)]
+        args = [owner, token or 0, *target.wake_args(name, lease)]
         return scripts.SEM_RELEASE, self._keys(target, name), args
 
     def read_release(self, reply: Any) -> DropReply:
@@ -520,7 +520,7 @@ class ReadWriteKind(_Queued):
     def _keys(self, target: Any, name: str) -> list[str]:
         return rw_keys(target.keys, name)
 
-    def _extra(self, target: Any, lease: float, known: str) -> list[Any]:
+    def _extra(self, target: Any, name: str, lease: float, known: str) -> list[Any]:
         return [self._mode, known]
 
     def refusal(self, name: str) -> str:
@@ -551,13 +551,7 @@ class ReadWriteKind(_Queued):
         lease: float,
         here: str,
     ) -> Call:
-        args = [
-            owner,
-            attempt,
-            "1" if all_holds else "0",
-            target.keys.wake_channel_prefix,
-            self._mode,
-        ]
+        args = [owner, attempt, "1" if all_holds else "0", *target.channel_args(name), self._mode]
         return scripts.RW_RELEASE, self._keys(target, name), args
 
     def read_release(self, reply: Any) -> DropReply:

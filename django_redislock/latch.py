@@ -148,6 +148,8 @@ class _Job(Generic[T]):
     target: Any
     flow: Flow[T]
     ident: str | None
+    #: The latch's or barrier's name (its wake-ups come on this name's channel).
+    name: str = ""
 
 
 def _attempt(job: _Job[Any], loop: asyncio.AbstractEventLoop | None) -> Attempt | None:
@@ -159,7 +161,7 @@ def _attempt(job: _Job[Any], loop: asyncio.AbstractEventLoop | None) -> Attempt 
     plan = Plan(
         kind=None,
         target=job.target,
-        name="",
+        name=job.name,
         owner="",
         attempt=job.ident,
         meta="",
@@ -170,7 +172,7 @@ def _attempt(job: _Job[Any], loop: asyncio.AbstractEventLoop | None) -> Attempt 
         queue=True,
         action="wait",
     )
-    return Attempt(plan=plan, loop=loop, generation=job.target.listener.connections)
+    return Attempt(plan=plan, loop=loop)
 
 
 def _drive(job: _Job[T]) -> T:
@@ -252,21 +254,16 @@ class _Latch(_Shared):
     def _count_down(self) -> _Job[None]:
         target = self._target()
         ident = runtime.new_attempt_id()
-        args = [
-            self.initial_count,
-            ident,
-            _ms(self.timeout),
-            target.keys.wake_channel_prefix,
-            RECENT_COUNT_DOWNS,
-        ]
+        wake = target.channel_args(self.name)
+        args = [self.initial_count, ident, _ms(self.timeout), *wake, RECENT_COUNT_DOWNS]
         call = Call(LATCH_COUNT_DOWN, self.keys(target), args, f"count down latch {self.name!r}")
-        return _Job(target, _discard(call), ident)
+        return _Job(target, _discard(call), ident, self.name)
 
     def _read(self) -> _Job[int]:
         target = self._target()
         keys = self.keys(target)[:1]
         call = Call(LATCH_INSPECT, keys, [], f"read latch {self.name!r}")
-        return _Job(target, self._read_flow(call), runtime.new_attempt_id())
+        return _Job(target, self._read_flow(call), runtime.new_attempt_id(), self.name)
 
     def _read_flow(self, call: Call) -> Flow[int]:
         remaining = int((yield call))
@@ -276,7 +273,7 @@ class _Latch(_Shared):
         deadline = self._deadline(timeout)
         target = self._target()
         waiter = runtime.new_attempt_id()
-        return _Job(target, self._wait_flow(target, waiter, deadline), waiter)
+        return _Job(target, self._wait_flow(target, waiter, deadline), waiter, self.name)
 
     def _wait_flow(self, target: Any, waiter: str, deadline: float) -> Flow[bool]:
         """A first look (as nobody's waiter); then, subscribed, as a registered waiter until the
@@ -392,7 +389,8 @@ class _Barrier(_Shared):
 
     def _call(self, target: Any, op: str, waiter: str) -> Call:
         lease = self.timeout
-        args = [op, waiter, self._parties, _ms(lease), _ms(lease), target.keys.wake_channel_prefix]
+        wake = target.channel_args(self.name)
+        args = [op, waiter, self._parties, _ms(lease), _ms(lease), *wake]
         return Call(BARRIER_WAIT, self.keys(target), args, f"{op} at barrier {self.name!r}")
 
     def _broken(self, why: str) -> BrokenBarrierError:
@@ -421,13 +419,13 @@ class _Barrier(_Shared):
         deadline = self._deadline(timeout)
         target = self._target()
         waiter = runtime.new_attempt_id()
-        return _Job(target, self._wait_flow(target, waiter, deadline), waiter)
+        return _Job(target, self._wait_flow(target, waiter, deadline), waiter, self.name)
 
     def _wait_flow(self, target: Any, waiter: str, deadline: float) -> Flow[int]:
         """Arrive; then re-check when woken, every ``timeout / 3`` (renewing the lease) and when
         another party's lease would end; give up (breaking the barrier) at the deadline."""
         lease = self.timeout
-        listening = target.listener.ready.is_set()
+        listening = target.listening(self.name).ready.is_set()
         op = "arrive"
         while True:
             result = _Round.read((yield self._call(target, op, waiter)))
@@ -465,12 +463,12 @@ class _Barrier(_Shared):
 
     def _change(self, op: str) -> _Job[None]:
         target = self._target()
-        return _Job(target, _discard(self._call(target, op, "")), None)
+        return _Job(target, _discard(self._call(target, op, "")), None, self.name)
 
     def _inspect(self) -> _Job[tuple[int, int, bool]]:
         target = self._target()
         call = Call(BARRIER_INSPECT, self.keys(target)[:2], [], f"read barrier {self.name!r}")
-        return _Job(target, self._inspect_flow(call), runtime.new_attempt_id())
+        return _Job(target, self._inspect_flow(call), runtime.new_attempt_id(), self.name)
 
     @staticmethod
     def _inspect_flow(call: Call) -> Flow[tuple[int, int, bool]]:

@@ -513,7 +513,7 @@ def _force_one(target: Target, name: str, token: int) -> list[tuple[LockInfo, st
     Returns each released holder with the statistics row its record names ("" when none)."""
     keys = target.keys
     run = target.transport.run
-    wake = target.wake_args(CLAIM_WINDOW)
+    wake = target.wake_args(name, CLAIM_WINDOW)
     action = f"force-release lock {name!r}"
     lock_keys = [keys.lock(name), keys.fence(name), keys.queue(name), keys.waiters(name)]
     reply = run(scripts.FORCE_RELEASE, lock_keys, [str(token), *wake], action)
@@ -536,7 +536,7 @@ def _force_one(target: Target, name: str, token: int) -> list[tuple[LockInfo, st
     rw_reply = run(
         scripts.RW_FORCE_RELEASE,
         rw_keys(keys, name),
-        [str(token), keys.wake_channel_prefix],
+        [str(token), *target.channel_args(name)],
         action,
     )
     found = []

@@ -106,6 +106,8 @@ class QuorumTransport:
     """Runs a script on every master: one combined answer, or each master's (``run_each``)."""
 
     cluster = False
+    #: Independent masters are single servers (or Sentinel services): classic ``PUBLISH``.
+    sharded = False
 
     def __init__(self, transports: Sequence[Any]) -> None:
         self.transports = tuple(transports)
@@ -155,8 +157,14 @@ class QuorumTransport:
     ) -> list[Any]:
         raise LockBackendError("independent masters renew one lock per call")
 
-    def pubsub(self) -> Any:
+    def pubsub(self, node: Any = None) -> Any:
         raise LockBackendError("independent masters listen on each master")
+
+    def shard_node(self, channel: str) -> Any:
+        raise LockBackendError("independent masters have no shards")
+
+    def refresh_topology(self) -> None:
+        pass
 
     def close(self) -> None:
         for transport in self.transports:

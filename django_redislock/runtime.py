@@ -32,7 +32,7 @@ from django_redislock.conf import get_settings
 from django_redislock.holds import HoldTable
 from django_redislock.keys import KeySpace, namespace_of
 from django_redislock.transport import LeanTransport, RedisPyTransport, Transport
-from django_redislock.wakeups import Listener, WaiterRegistry
+from django_redislock.wakeups import Listener, ShardedListener, WaiterRegistry
 from django_redislock.watchdog import Watchdog, install_exit_handler
 
 __all__ = [
@@ -62,7 +62,7 @@ class Runtime:
         self._transports: dict[str, Transport] = {}
         self._keyspaces: dict[str, KeySpace] = {}
         self._targets: dict[str, targets.Target] = {}
-        self._listeners: dict[tuple[Any, ...], Listener] = {}
+        self._listeners: dict[tuple[Any, ...], Listener | ShardedListener] = {}
         self._attempts = itertools.count()
         self._task_numbers: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = (
             weakref.WeakKeyDictionary()
@@ -203,27 +203,27 @@ class Runtime:
     def _single(self, alias: str, settings: Any) -> targets.Target:
         transport = self.transport(alias)
         keys = self.keyspace(alias)
-        channel_prefix = f"{keys.namespace}:wake:"
-        listener = self._listener(transport, channel_prefix)
+        listener = self._listener(transport, keys.wake_channel_prefix)
         return targets.single_target(alias, settings, transport, keys, listener, self.waiters)
 
-    def _listener(self, transport: Transport, prefix: str) -> Listener:
-        """One listener per process, server and channel prefix, whatever aliases lead there."""
+    def _listener(self, transport: Transport, prefix: str) -> Listener | ShardedListener:
+        """One listener per process, server and channel prefix, whatever aliases lead there: on
+        a Cluster with sharded Pub/Sub, one for its shard channels (a connection per shard)."""
         key = (targets.server_of(transport.client), prefix)
         found = self._listeners.get(key)
         if found is None:
             with self._mutex:
                 found = self._listeners.get(key)
                 if found is None:
-                    found = self._listeners[key] = Listener(
-                        transport,
-                        prefix + self.token,
-                        connection.socket_timeout(transport.client),
-                        self.waiters,
-                    )
+                    timeout = connection.socket_timeout(transport.client)
+                    if transport.sharded:
+                        found = ShardedListener(transport, self.token, timeout, self.waiters)
+                    else:
+                        found = Listener(transport, prefix + self.token, timeout, self.waiters)
+                    self._listeners[key] = found
         return found
 
-    def listeners(self) -> list[Listener]:
+    def listeners(self) -> list[Listener | ShardedListener]:
         """The wake-up listeners of this process (one per server and namespace)."""
         with self._mutex:
             return list(self._listeners.values())

@@ -6,7 +6,8 @@ bundles the transport that reaches the server, the key space, the process's wake
 there, and the deployment's answers to the protocol's questions: may a release hand the lock
 over outright (a single Redis, where ``PUBLISH`` counts every subscriber and no replica has to
 acknowledge the new holder), how long a reserved hand-off waits to be claimed, how many
-replicas acknowledge a write.
+replicas acknowledge a write, and where wake-ups are published (the process's channel, or on a
+Cluster with sharded Pub/Sub a shard channel in each lock's slot).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class Target:
     settings: LockSettings
     transport: Transport
     keys: KeySpace
-    #: This process's wake-up listener there (a :class:`~django_redislock.wakeups.Listener`).
+    #: This process's wake-up listener there (a :class:`~django_redislock.wakeups.Listener`,
+    #: or a :class:`~django_redislock.wakeups.ShardedListener`): see :meth:`listening`.
     listener: Any
     waiters: WaiterRegistry
     #: ``<ns>:wake:``; a waiter's process listens on this prefix + its process token.
@@ -59,6 +61,9 @@ class Target:
     aof_replicas: int = 0
     #: Independent masters of a quorum target (Redlock); empty for one deployment.
     members: tuple[Target, ...] = ()
+    #: Wake-ups go by sharded Pub/Sub (``SPUBLISH`` on a shard channel of each lock's slot): a
+    #: Cluster whose servers have it (see :attr:`~django_redislock.transport.Transport.sharded`).
+    sharded: bool = False
 
     @property
     def client(self) -> Any:
@@ -94,9 +99,26 @@ class Target:
             return 0
         return max(1, int(min(CLAIM_WINDOW, lease) * 1000))
 
-    def wake_args(self, lease: float) -> list[Any]:
+    def wake_prefix(self, name: str) -> str:
+        """Where the wake-ups of ``name``'s waiters go (+ their process token): the process's
+        channel, or the shard channel of ``name``'s slot, so a hand-off reaches only the
+        lock's shard instead of every node of a Cluster."""
+        return self.keys.shard_wake_prefix(name) if self.sharded else self.channel_prefix
+
+    def channel_args(self, name: str) -> list[Any]:
+        """The two arguments of every script that wakes ``name``'s waiters: the channel prefix
+        and whether to ``SPUBLISH`` ("1") or ``PUBLISH`` ("0"), decided here, not in Lua."""
+        return [self.wake_prefix(name), "1" if self.sharded else "0"]
+
+    def wake_args(self, name: str, lease: float) -> list[Any]:
         """The arguments every script that may hand a lock over ends with."""
-        return [self.channel_prefix, "1" if self.outright else "0", self.claim_ms(lease)]
+        return [*self.channel_args(name), "1" if self.outright else "0", self.claim_ms(lease)]
+
+    def listening(self, name: str) -> Any:
+        """This process's subscription that hears ``name``'s wake-ups (a
+        :class:`~django_redislock.wakeups.Listening`): the listener itself, or on sharded
+        Pub/Sub the subscription to ``name``'s shard channel."""
+        return self.listener.subscription(self.wake_prefix(name))
 
     def wake_local(self, handed: tuple[str, int | None] | None) -> None:
         """A release handed the lock to a waiter of this process, without a message: wake it
@@ -157,6 +179,7 @@ def single_target(
         # which WAIT / WAITAOF then acknowledge: a hand-off is acknowledged like any other
         # acquisition.
         outright=not transport.cluster and not durable,
+        sharded=transport.sharded,
         socket_timeout=socket_timeout,
         replicas=settings.replicas,
         replicas_timeout_ms=_wait_ms(settings.replicas_timeout, socket_timeout),

@@ -5,7 +5,9 @@ and statistics pipelines are in :mod:`django_redislock.client`). The default,
 :class:`RedisPyTransport`, uses redis-py's public API only: ``evalsha`` and ``script_load`` on
 the client (so redis-py's own retry, health checks, metrics and instrumentation such as
 OpenTelemetry's all see every lock command), pipelines, ``pubsub()``, and an asyncio twin of the
-client per running event loop.
+client per running event loop. It also decides, once, whether wake-ups on a Cluster go by
+sharded Pub/Sub (:attr:`RedisPyTransport.sharded`), and prepares the wake-up listeners' own
+connections (:meth:`RedisPyTransport.pubsub`).
 
 What a failure means is decided here, once, for every face:
 
@@ -42,6 +44,7 @@ from django_redislock import client as redis_client
 from django_redislock import connection
 from django_redislock.exceptions import LockBackendError
 from django_redislock.scripts import Script
+from django_redislock.wakeups import DEFAULT_REPLY_TIMEOUT
 
 __all__ = [
     "Acks",
@@ -188,6 +191,10 @@ class Transport(Protocol):
     #: True when ``PUBLISH`` there counts only one node's subscribers (a Cluster).
     cluster: bool
 
+    @property
+    def sharded(self) -> bool:
+        """Whether wake-ups go by sharded Pub/Sub (a Cluster whose servers have it)."""
+
     def run(self, script: Script, keys: Sequence[str], args: Sequence[Any], action: str) -> Any:
         """Run ``script`` once; redis-py errors become :class:`LockBackendError` (or
         :class:`NoReply`)."""
@@ -216,8 +223,15 @@ class Transport(Protocol):
     ) -> Any:
         """:meth:`run` for asyncio code (a client of the running loop)."""
 
-    def pubsub(self) -> Any:
-        """A redis-py ``PubSub`` for the wake-up listener."""
+    def pubsub(self, node: Any = None) -> Any:
+        """A redis-py ``PubSub`` on a connection of its own for a wake-up listener (with
+        ``node``: that Cluster node's, for its shard channels)."""
+
+    def shard_node(self, channel: str) -> Any:
+        """The Cluster node (primary) serving ``channel``'s slot, as the client knows it."""
+
+    def refresh_topology(self) -> None:
+        """Ask the Cluster again where its slots live (after a node was lost)."""
 
     def close(self) -> None:
         """Forget the asyncio clients of other loops (settings changed, or the process forked)."""
@@ -229,6 +243,7 @@ class RedisPyTransport:
     def __init__(self, client: Any, *, functions: bool = True) -> None:
         self.client = client
         self.cluster = connection.is_cluster(client)
+        self._sharded: bool | None = None if self.cluster else False
         #: Functions or EVALSHA (``REDISLOCK["FUNCTIONS"]``, and what the server has).
         self.scripts = _Scripts(client, functions)
         self.socket_timeout = connection.socket_timeout(client)
@@ -337,8 +352,51 @@ class RedisPyTransport:
                     raise
         client.script_load(script.source)
 
-    def pubsub(self) -> Any:
-        return self.client.pubsub()
+    @property
+    def sharded(self) -> bool:
+        """Whether wake-ups go by sharded Pub/Sub: on a Cluster whose servers have it (Redis
+        and Valkey 7.0+), the scripts ``SPUBLISH`` on a shard channel of the lock's slot, so a
+        hand-off reaches the lock's shard instead of every node (``PUBLISH`` is broadcast over
+        the cluster bus). Decided once, at the first look (a round trip to one node); a
+        Cluster that refuses ``PUBSUB SHARDNUMSUB`` (Redis 6.2, or an ACL) keeps ``PUBLISH``.
+        An unreachable Cluster decides nothing and raises
+        :class:`~django_redislock.LockBackendError`."""
+        if self._sharded is None:
+            with backend_errors("find out whether the Redis Cluster has sharded Pub/Sub"):
+                node = self.client.get_redis_connection(self.client.get_default_node())
+                try:
+                    node.execute_command("PUBSUB", "SHARDNUMSUB")
+                    self._sharded = True
+                except redis_errors.ResponseError:
+                    self._sharded = False
+        return self._sharded
+
+    def pubsub(self, node: Any = None) -> Any:
+        """A ``PubSub`` for a wake-up listener, on a connection of its own that it keeps for
+        long, so it is named (``CLIENT SETINFO LIB-NAME``) and exempt from client eviction
+        under memory pressure (``CLIENT NO-EVICT on``: an evicted listener would leave its
+        waiters to their own re-checks) before it subscribes. A refusal of either is ignored:
+        ``SETINFO`` came with Redis 7.2 and ``NO-EVICT`` with 7.0, and ``NO-EVICT`` needs the
+        ``@admin`` ACL category. ``node``: a Cluster node, whose own client serves its shard
+        channels."""
+        client = self.client if node is None else self.client.get_redis_connection(node)
+        pubsub = client.pubsub()
+        own = (("CLIENT", "SETINFO", "LIB-NAME", lib_name()), ("CLIENT", "NO-EVICT", "on"))
+        try:
+            for command in own:
+                pubsub.execute_command(*command)
+                _reply(pubsub, self.socket_timeout or DEFAULT_REPLY_TIMEOUT)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                pubsub.reset()
+            raise
+        return pubsub
+
+    def shard_node(self, channel: str) -> Any:
+        return self.client.get_node_from_key(channel)
+
+    def refresh_topology(self) -> None:
+        self.client.nodes_manager.initialize()
 
     # -- asyncio -----------------------------------------------------------------------------
     async def arun(
@@ -477,6 +535,31 @@ class _deadline:
         if self._fired and kind is asyncio.CancelledError:
             raise TimeoutError from exc
         return None
+
+
+def lib_name() -> str:
+    """``CLIENT SETINFO LIB-NAME`` of the listeners' connections: redis-py's own name with this
+    package as its upstream driver, as redis-py's ``DriverInfo`` formats it."""
+    import django_redislock
+
+    return f"redis-py(django-redislock_v{django_redislock.__version__})"
+
+
+def _reply(pubsub: Any, timeout: float) -> None:
+    """Read the reply to a command a ``PubSub`` sent before subscribing; an error reply (a
+    refusal) is ignored, and so are RESP3 pushes read before it (a connection of the pool that
+    tracked keys may have invalidations waiting)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise redis_errors.TimeoutError(f"no reply within {timeout:g} s")
+        try:
+            reply = pubsub.parse_response(block=False, timeout=left)
+        except redis_errors.ResponseError:
+            return
+        if reply is not None and not isinstance(reply, list):
+            return
 
 
 def node_client(client: Any, key: str) -> Any:

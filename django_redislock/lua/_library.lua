@@ -94,8 +94,19 @@ local function parse_details(details)
   return string.match(details, '^(%d+)\n([^\n]*)\n(%d+)\n(.*)$')
 end
 
-local function channel_of(prefix, waiter)
-  return prefix .. string.match(waiter, '^([^.]*)')
+-- How a script tells waiters' processes, from two arguments the caller decides (never this
+-- script): the channel prefix and `sharded`. "0": PUBLISH on <ns>:wake:<process token> (a
+-- single Redis, Sentinel; on a Cluster it reaches every node). "1": SPUBLISH on the shard
+-- channel <ns>:wake:{<tag>}:<process token>, in the slot of the lock's keys, so only the lock's
+-- shard hears it (a Cluster with sharded Pub/Sub).
+local function wake_to(prefix, sharded)
+  if sharded == '1' then return {prefix, 'SPUBLISH'} end
+  return {prefix, 'PUBLISH'}
+end
+
+-- Send `message` to the process of `waiter`; returns how many subscribers heard it.
+local function publish_to(wake, waiter, message)
+  return redis.call(wake[2], wake[1] .. string.match(waiter, '^([^.]*)'), message)
 end
 
 -- Queue a waiter, or refresh its entry in place (idempotent: a repeat keeps its position). Both
@@ -121,13 +132,13 @@ local ENTRY_MARGIN_MS = 2000
 
 -- Tell the next waiter in line to re-check when the new holder's lease (or claim window) ends,
 -- if it would otherwise re-check later than that.
-local function tell_next(queue_key, waiters_key, prefix, lease_ms, now)
+local function tell_next(queue_key, waiters_key, wake, lease_ms, now)
   local nxt = redis.call('LINDEX', queue_key, 0)
   if not nxt then return end
   local details = redis.call('HGET', waiters_key, nxt)
   local expiry = details and parse_details(details)
   if expiry and now + lease_ms < tonumber(expiry) - ENTRY_MARGIN_MS then
-    redis.call('PUBLISH', channel_of(prefix, nxt), string.format('r %s %d', nxt, lease_ms))
+    publish_to(wake, nxt, string.format('r %s %d', nxt, lease_ms))
   end
 end
 
@@ -137,7 +148,7 @@ end
 -- true). Any other waiter's process is told on its channel: "h <waiter> <token>" when `trust`
 -- is "1" (PUBLISH counts every subscriber: the waiter holds the lock from now on, and a waiter
 -- whose process no longer listens is skipped), "h <waiter>" otherwise (it must claim).
-local function next_waiter(queue_key, waiters_key, fence_key, prefix, trust, now, here)
+local function next_waiter(queue_key, waiters_key, fence_key, wake, trust, now, here)
   local waiter = redis.call('LPOP', queue_key)
   while waiter do
     local details = redis.call('HGET', waiters_key, waiter)
@@ -151,7 +162,7 @@ local function next_waiter(queue_key, waiters_key, fence_key, prefix, trust, now
       end
       local message = 'h ' .. waiter
       if trust == '1' then message = message .. ' ' .. token end
-      local heard = redis.call('PUBLISH', channel_of(prefix, waiter), message)
+      local heard = publish_to(wake, waiter, message)
       if heard > 0 or trust ~= '1' then return waiter, o, tonumber(l), m, token end
     end
     waiter = redis.call('LPOP', queue_key)
@@ -161,13 +172,13 @@ end
 
 -- With claim_ms "0" (independent masters, Redlock) nothing is handed over: a lock held on a
 -- majority cannot be handed on by one master, so every live waiter is told to try again now.
-local function wake_all(queue_key, waiters_key, prefix, now)
+local function wake_all(queue_key, waiters_key, wake, now)
   local waiters = redis.call('LRANGE', queue_key, 0, -1)
   for _, waiter in ipairs(waiters) do
     local details = redis.call('HGET', waiters_key, waiter)
     local x = details and parse_details(details)
     if x and tonumber(x) > now then
-      redis.call('PUBLISH', channel_of(prefix, waiter), 'r ' .. waiter .. ' 0')
+      publish_to(wake, waiter, 'r ' .. waiter .. ' 0')
     end
   end
   redis.call('DEL', queue_key, waiters_key)
@@ -184,15 +195,15 @@ end
 -- finds the lock its own when it re-checks.
 -- Returns the new holder's token, or false when the lock was deleted; and, when the new holder
 -- is a waiter of the calling process (`here`), its id: the caller must wake it.
-local function hand_off(lock_key, fence_key, queue_key, waiters_key, prefix, trust, claim_ms, here)
+local function hand_off(lock_key, fence_key, queue_key, waiters_key, wake, trust, claim_ms, here)
   local now = server_ms()
   if tonumber(claim_ms) == 0 then
-    wake_all(queue_key, waiters_key, prefix, now)
+    wake_all(queue_key, waiters_key, wake, now)
     redis.call('DEL', lock_key)
     return false
   end
   local w, o, l, m, token, mine =
-    next_waiter(queue_key, waiters_key, fence_key, prefix, trust, now, here)
+    next_waiter(queue_key, waiters_key, fence_key, wake, trust, now, here)
   if not w then
     redis.call('DEL', lock_key)
     return false
@@ -201,7 +212,7 @@ local function hand_off(lock_key, fence_key, queue_key, waiters_key, prefix, tru
   local reserved = nil
   if trust ~= '1' then reserved = w end
   redis.call('SET', lock_key, record(o, w, token, now, reserved, m), 'PX', lease)
-  tell_next(queue_key, waiters_key, prefix, lease, now)
+  tell_next(queue_key, waiters_key, wake, lease, now)
   if mine then return token, w end
   return token
 end
@@ -210,7 +221,7 @@ end
 -- `owner`; the last hold hands the lock on. Returns what release.lua returns: -1 when there is
 -- no such hold, else the holds left, or {0, waiter, token} when a waiter of the calling process
 -- (`here`) was handed the lock (token -1: reserved only, the waiter claims it).
-local function drop_hold(keys, owner, rec, attempt, all_holds, prefix, trust, claim_ms, here)
+local function drop_hold(keys, owner, rec, attempt, all_holds, wake, trust, claim_ms, here)
   local left = ''
   if not all_holds then
     left = without(rec.a, attempt)
@@ -226,7 +237,7 @@ local function drop_hold(keys, owner, rec, attempt, all_holds, prefix, trust, cl
     redis.call('DEL', keys[1])
     return 0
   end
-  local token, mine = hand_off(keys[1], keys[2], keys[3], keys[4], prefix, trust, claim_ms, here)
+  local token, mine = hand_off(keys[1], keys[2], keys[3], keys[4], wake, trust, claim_ms, here)
   if mine then
     if trust == '1' then return {0, mine, tonumber(token)} end
     return {0, mine, -1}
@@ -313,13 +324,13 @@ local function sem_confirm(sem_key, rec_key, owner, attempt, lease_ms, meta, now
 end
 
 -- Give free permits to the oldest live waiters (the semaphore's hand_off).
-local function sem_hand_off(sem_key, rec_key, fence_key, queue_key, waiters_key, prefix, trust,
+local function sem_hand_off(sem_key, rec_key, fence_key, queue_key, waiters_key, wake, trust,
     claim_ms, now)
   local permits = tonumber(redis.call('HGET', rec_key, 'permits')) or 1
   local handed = 0
   while redis.call('ZCARD', sem_key) < permits and redis.call('LLEN', queue_key) > 0 do
     local w, o, l, m, token =
-      next_waiter(queue_key, waiters_key, fence_key, prefix, trust, now)
+      next_waiter(queue_key, waiters_key, fence_key, wake, trust, now)
     if not w then break end
     local lease = trust == '1' and l or tonumber(claim_ms)
     sem_take(sem_key, rec_key, o, w, lease, m, trust ~= '1', now, token)
@@ -327,7 +338,7 @@ local function sem_hand_off(sem_key, rec_key, fence_key, queue_key, waiters_key,
   end
   if handed > 0 then
     local first = redis.call('ZRANGE', sem_key, 0, 0, 'WITHSCORES')
-    tell_next(queue_key, waiters_key, prefix, math.max(1, tonumber(first[2]) - now), now)
+    tell_next(queue_key, waiters_key, wake, math.max(1, tonumber(first[2]) - now), now)
   end
   sem_touch(sem_key, rec_key)
   return handed
@@ -381,7 +392,7 @@ end
 -- After a release: the waiters that may go now re-check at once (their acquire takes it in
 -- queue order): the oldest live waiter when it writes and nobody holds anything, else the
 -- readers at the head of the queue up to the first writer.
-local function rw_wake(keys, prefix, now)
+local function rw_wake(keys, wake, now)
   if redis.call('EXISTS', keys[1]) == 1 then return end
   local readers = redis.call('ZCARD', keys[2])
   for _, id in ipairs(redis.call('LRANGE', keys[5], 0, -1)) do
@@ -389,10 +400,10 @@ local function rw_wake(keys, prefix, now)
     local x = details and parse_details(details)
     if x and tonumber(x) > now then
       if redis.call('HEXISTS', keys[6], 'w:' .. id) == 1 then
-        if readers == 0 then redis.call('PUBLISH', channel_of(prefix, id), 'r ' .. id .. ' 0') end
+        if readers == 0 then publish_to(wake, id, 'r ' .. id .. ' 0') end
         return
       end
-      redis.call('PUBLISH', channel_of(prefix, id), 'r ' .. id .. ' 0')
+      publish_to(wake, id, 'r ' .. id .. ' 0')
       readers = readers + 1
     end
   end
@@ -406,7 +417,7 @@ end
 
 -- Drop the hold of `attempt` ("": the newest; all_holds: every hold) of `owner` in one mode;
 -- the last one lets the waiters that may go now re-check. -1: no such hold, else holds left.
-local function rw_drop(keys, owner, writes, attempt, all_holds, prefix, now)
+local function rw_drop(keys, owner, writes, attempt, all_holds, wake, now)
   local rec = parse(rw_raw(keys, owner, writes), owner)
   if not rec then return -1 end
   local left = ''
@@ -432,6 +443,6 @@ local function rw_drop(keys, owner, writes, attempt, all_holds, prefix, now)
     redis.call('ZREM', keys[2], owner)
     rw_touch(keys)
   end
-  rw_wake(keys, prefix, now)
+  rw_wake(keys, wake, now)
   return 0
 end

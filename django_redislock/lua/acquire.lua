@@ -14,10 +14,11 @@
 -- ARGV[5] "1" to queue when busy (a blocking attempt whose process listens), else "0"
 -- ARGV[6] how long the queue entry stays valid without a refresh, ms
 -- ARGV[7] "1" to refuse re-entry (reentrant=False), else "0"
--- ARGV[8] wake channel prefix "<ns>:wake:" (channels are not keys: nothing outside the slot)
--- ARGV[9] "1" when a hand-off is outright (see hand_off), else "0"
--- ARGV[10] claim window of a hand-off, ms
--- ARGV[11] what the caller knows of its holds: "" (an owner shared between processes: the
+-- ARGV[8] wake channel prefix: "<ns>:wake:", or "<ns>:wake:{name}:" with ARGV[9] "1"
+-- ARGV[9] "1" to SPUBLISH on the shard channel of the lock's slot, "0" to PUBLISH (see wake_to)
+-- ARGV[10] "1" when a hand-off is outright (see hand_off), else "0"
+-- ARGV[11] claim window of a hand-off, ms
+-- ARGV[12] what the caller knows of its holds: "" (an owner shared between processes: the
 --         record is the truth), "-" (this process holds nothing under this owner) or the
 --         attempt id of the hold it knows. A record of the owner that the caller does not know
 --         is an orphan of this very owner — an attempt it gave up on, whose clean-up has not
@@ -35,7 +36,7 @@ if not raw then
   if redis.call('LLEN', KEYS[3]) > 0 then
     -- Free with waiters queued (a lease ran out, or a hand-off went unclaimed): the oldest live
     -- waiter gets it, exactly as if it had just been released. That may be this attempt.
-    hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[8], ARGV[9], ARGV[10])
+    hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], wake_to(ARGV[8], ARGV[9]), ARGV[10], ARGV[11])
     raw = redis.call('GET', KEYS[1])
     if not raw then dequeue(KEYS[3], KEYS[4], attempt) end
   end
@@ -59,7 +60,7 @@ if rec then
     redis.call('SET', KEYS[1], record(owner, rec.a, rec.t, rec.at, w, meta), 'PX', lease)
     return {1, tonumber(rec.t), rec.n}
   end
-  local known = ARGV[11]
+  local known = ARGV[12]
   if known ~= '' and (known == '-' or not has_attempt(rec.a, known) or rec.w) then
     local token = next_token(KEYS[2])
     redis.call('SET', KEYS[1], record(owner, attempt, token, server_ms(), nil, meta), 'PX',

@@ -13,14 +13,14 @@
 -- ARGV[3] parties (reset adopts it; an arrival with another number is refused)
 -- ARGV[4] the party's lease, ms
 -- ARGV[5] expiry of every key after this call, ms
--- ARGV[6] wake channel prefix
+-- ARGV[6] wake channel prefix; ARGV[7] "1": SPUBLISH on the shard channel, "0": PUBLISH
 --
 -- Returns {state, index, ms, why}: state 0 waiting (ms: until the soonest lease of another
 -- party ends, -1 when none), 1 the round passed, 2 broken (why: lease, timeout, abort, reset,
 -- lost), 3 refused: the barrier has another number of parties (index: that number).
 
 local op, waiter, parties = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local lease, prefix = tonumber(ARGV[4]), ARGV[6]
+local lease, wake = tonumber(ARGV[4]), wake_to(ARGV[6], ARGV[7])
 local now = server_ms()
 
 local function touch(result)
@@ -39,7 +39,7 @@ local function finish(state, why)
   for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
     redis.call('HSET', KEYS[3], member, state .. ' ' .. index_of(member) .. why)
     if member ~= waiter then
-      redis.call('PUBLISH', channel_of(prefix, member), 'r ' .. member .. ' 0')
+      publish_to(wake, member, 'r ' .. member .. ' 0')
     end
   end
   redis.call('DEL', KEYS[2])

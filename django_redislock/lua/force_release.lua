@@ -6,7 +6,8 @@
 -- KEYS[4] <ns>:waiters:{name}
 -- ARGV[1] expected fencing token, "" to release whatever holds the lock ("0" matches a value
 --         that is not a readable record)
--- ARGV[2] wake channel prefix; ARGV[3] outright hand-off "1"/"0"; ARGV[4] claim window, ms
+-- ARGV[2] wake channel prefix; ARGV[3] "1": SPUBLISH on the lock's shard channel, "0": PUBLISH
+-- ARGV[4] outright hand-off "1"/"0"; ARGV[5] claim window, ms
 --
 -- Returns {1, released_token, raw} when the lock was released, {0, current_token, raw} when it
 -- is held under another token (a lock that changed hands is never touched), {0, 0} when not held.
@@ -26,5 +27,5 @@ if ok and type(rec) == 'table' and rec.o ~= nil and rec.n ~= nil and rec.at ~= n
   token = tonumber(string.match(raw, '"t":(%d+)')) or 0
 end
 if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= token then return {0, token, raw} end
-hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], ARGV[3], ARGV[4])
+hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], wake_to(ARGV[2], ARGV[3]), ARGV[4], ARGV[5])
 return {1, token, raw}

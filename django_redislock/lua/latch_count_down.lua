@@ -8,8 +8,8 @@
 -- ARGV[1] initial count (used when the latch has no state yet)
 -- ARGV[2] call id
 -- ARGV[3] expiry of every key after this call, ms
--- ARGV[4] wake channel prefix
--- ARGV[5] how many recent call ids are remembered
+-- ARGV[4] wake channel prefix; ARGV[5] "1": SPUBLISH on the shard channel, "0": PUBLISH
+-- ARGV[6] how many recent call ids are remembered
 --
 -- Returns {remaining count, 1 when this call counted, else 0 (a repeat, or already at 0)}.
 
@@ -25,12 +25,13 @@ if c > 0 and not redis.call('ZSCORE', KEYS[3], ARGV[2]) then
   if c > 0 then
     redis.call('ZADD', KEYS[3], c, ARGV[2])
     -- The lowest counts are the newest calls: keep those.
-    redis.call('ZREMRANGEBYRANK', KEYS[3], tonumber(ARGV[5]), -1)
+    redis.call('ZREMRANGEBYRANK', KEYS[3], tonumber(ARGV[6]), -1)
   else
     redis.call('DEL', KEYS[3])
     local now = server_ms()
+    local wake = wake_to(ARGV[4], ARGV[5])
     for _, waiter in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], string.format('(%d', now), '+inf')) do
-      redis.call('PUBLISH', channel_of(ARGV[4], waiter), 'r ' .. waiter .. ' 0')
+      publish_to(wake, waiter, 'r ' .. waiter .. ' 0')
     end
     redis.call('DEL', KEYS[2])
   end

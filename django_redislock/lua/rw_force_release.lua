@@ -3,6 +3,7 @@
 --
 -- KEYS[1..6] as rw_acquire.lua: writer, readers, readers' records, fence, queue, waiters
 -- ARGV[1] the holder's fencing token, "" for every holder; ARGV[2] wake channel prefix
+-- ARGV[3] "1": SPUBLISH on the shard channel, "0": PUBLISH
 --
 -- Returns {n, side_1, record_1, ..., side_n, record_n}: the holders released ("w" or "r").
 
@@ -29,6 +30,6 @@ for _, owner in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
 end
 if out[1] > 0 then
   rw_touch(KEYS)
-  rw_wake(KEYS, ARGV[2], now)
+  rw_wake(KEYS, wake_to(ARGV[2], ARGV[3]), now)
 end
 return out

@@ -15,7 +15,8 @@
 -- ARGV[6] how long the queue entry stays valid without a refresh, ms
 -- ARGV[7] permits: how many holders the caller allows at once (the limit is the caller's: a
 --         lower limit than the holders' makes new acquirers wait until enough have released)
--- ARGV[8] wake channel prefix; ARGV[9] outright hand-off "1"/"0"; ARGV[10] claim window, ms
+-- ARGV[8] wake channel prefix; ARGV[9] "1": SPUBLISH on the shard channel, "0": PUBLISH
+-- ARGV[10] outright hand-off "1"/"0"; ARGV[11] claim window, ms
 --
 -- Returns {1, token, 1} when a permit is held, {0, ms_until_the_first_permit_expires, queued}
 -- when none is free, {3} when this attempt was cancelled before this call arrived.
@@ -42,7 +43,8 @@ if token then return {1, tonumber(token), 1} end
 
 if redis.call('ZCARD', KEYS[1]) < permits and redis.call('LLEN', KEYS[4]) > 0 then
   -- Free permits and waiters queued: the oldest live waiters come first. That may be us.
-  sem_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[8], ARGV[9], ARGV[10], now)
+  sem_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], wake_to(ARGV[8], ARGV[9]), ARGV[10],
+    ARGV[11], now)
   token = confirmed()
   if token then return {1, tonumber(token), 1} end
 end

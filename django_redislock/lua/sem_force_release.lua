@@ -3,7 +3,8 @@
 -- KEYS[1] <ns>:sem:{name}; KEYS[2] <ns>:semrec:{name}; KEYS[3] <ns>:fence[:{name}];
 -- KEYS[4] <ns>:semq:{name}; KEYS[5] <ns>:semw:{name}
 -- ARGV[1] the permit's fencing token, "" for every permit
--- ARGV[2] wake channel prefix; ARGV[3] outright hand-off "1"/"0"; ARGV[4] claim window, ms
+-- ARGV[2] wake channel prefix; ARGV[3] "1": SPUBLISH on the shard channel, "0": PUBLISH
+-- ARGV[4] outright hand-off "1"/"0"; ARGV[5] claim window, ms
 --
 -- Returns {n, token_1, record_1, ..., token_n, record_n}: the permits released (n = 0: none).
 
@@ -25,5 +26,6 @@ for _, token in ipairs(tokens) do
   out[#out + 1] = token
   out[#out + 1] = rec
 end
-sem_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[2], ARGV[3], ARGV[4], now)
+sem_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], wake_to(ARGV[2], ARGV[3]), ARGV[4],
+  ARGV[5], now)
 return out

@@ -5,7 +5,8 @@
 -- KEYS[4] <ns>:semq:{name}; KEYS[5] <ns>:semw:{name}
 -- ARGV[1] owner id
 -- ARGV[2] the permit's fencing token
--- ARGV[3] wake channel prefix; ARGV[4] outright hand-off "1"/"0"; ARGV[5] claim window, ms
+-- ARGV[3] wake channel prefix; ARGV[4] "1": SPUBLISH on the shard channel, "0": PUBLISH
+-- ARGV[5] outright hand-off "1"/"0"; ARGV[6] claim window, ms
 --
 -- Returns -1 when the owner does not hold that permit (expired, force-released, never taken;
 -- nothing is changed), else 0.
@@ -18,5 +19,6 @@ if not score or tonumber(score) <= now or not rec or not owned_by(rec, ARGV[1]) 
 end
 sem_forget(KEYS[1], KEYS[2], ARGV[2])
 sem_purge(KEYS[1], KEYS[2], now)
-sem_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[3], ARGV[4], ARGV[5], now)
+sem_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], wake_to(ARGV[3], ARGV[4]), ARGV[5],
+  ARGV[6], now)
 return 0

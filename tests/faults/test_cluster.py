@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 
 import pytest
 from django.core.management import call_command
@@ -19,9 +24,10 @@ from django_redislock import (
     list_locks,
     stats,
 )
-from django_redislock.runtime import keyspace
+from django_redislock.runtime import keyspace, runtime
+from django_redislock.wakeups import ShardedListener
 from tests import topology_clients
-from tests.conftest import wait_for
+from tests.conftest import ROOT, subprocess_env, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -110,6 +116,139 @@ def test_waiters_are_woken_across_nodes(on_cluster):
     assert acquired and acquired[0] - released < 1.0
 
 
+@contextlib.contextmanager
+def held_elsewhere(cluster, *names: str) -> Iterator[Callable[[], float]]:
+    """``names`` held by another process (its releases publish; a release in this process
+    would wake this process's waiters without a message). Yields ``release()``, which returns
+    the wall-clock time the releases began."""
+    ports = ",".join(str(port) for _, port in cluster.startup_nodes)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.holder", *names, "--timeout", "30", "--until-input"],
+        cwd=ROOT,
+        env=subprocess_env(REDISLOCK_TEST_CLUSTER_NODES=ports),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    stdin, stdout = proc.stdin, proc.stdout
+    assert stdin is not None and stdout is not None
+    try:
+        assert json.loads(stdout.readline())["token"]
+
+        def release() -> float:
+            stdin.write("release\n")
+            stdin.flush()
+            done = json.loads(stdout.readline())
+            assert done["released"], done
+            return float(done["at"])
+
+        yield release
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        stdin.close()
+        stdout.close()
+
+
+def wait_in_thread(name: str, timeout: float = 5) -> tuple[threading.Thread, list[float]]:
+    """A thread of this process blocked in ``Lock(name).acquire()``; the list gets the
+    wall-clock time it acquired."""
+    acquired: list[float] = []
+
+    def wait() -> None:
+        lock = Lock(name, timeout=timeout)
+        assert lock.acquire(blocking_timeout=30)
+        acquired.append(time.time())
+        lock.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    return thread, acquired
+
+
+def publishes(node) -> tuple[int, int]:
+    """``PUBLISH`` and ``SPUBLISH`` calls a node ran since its last ``CONFIG RESETSTAT``."""
+    stats = node.info("commandstats")
+    return tuple(  # type: ignore[return-value]
+        int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("publish", "spublish")
+    )
+
+
+def bus_publishes(node) -> int:
+    """Pub/Sub messages a node received over the cluster bus (broadcast and shard ones)."""
+    info = node.cluster_info()
+    return sum(
+        int(info.get(f"cluster_stats_messages_{kind}_received", 0))
+        for kind in ("publish", "publishshard")
+    )
+
+
+def test_a_hand_off_is_published_on_the_shard_of_the_lock_only(on_cluster):
+    """The release of another process ``SPUBLISH``es on the lock's shard channel: the waiter
+    is woken at once, and no other primary runs or receives a publish (classic ``PUBLISH``
+    goes to every node over the cluster bus)."""
+    name = "shard-wake"
+    primary = on_cluster.primary_for(keyspace().lock(name))
+    shard = {primary.node_id, *(r.node_id for r in on_cluster.replicas_of(primary))}
+    target = runtime.target()
+    channel = target.wake_prefix(name) + runtime.token
+    with held_elsewhere(on_cluster, name) as release:
+        thread, acquired = wait_in_thread(name)
+        client = topology_clients.current
+        wait_for(lambda: client.llen(keyspace().queue(name)) == 1, what="the waiter")
+        for node in on_cluster.primaries():
+            subscribers = node.command("PUBSUB", "SHARDNUMSUB", channel)[1]
+            assert subscribers == (1 if node is primary else 0), node
+            node.command("CONFIG", "RESETSTAT")
+        heard = {node.node_id: bus_publishes(node) for node in on_cluster.nodes}
+        released_at = release()
+        thread.join(10)
+    assert acquired and acquired[0] - released_at < 1.0
+    assert publishes(primary) == (0, 1)
+    for node in on_cluster.primaries():
+        if node is not primary:
+            assert publishes(node) == (0, 0), node
+    for node in on_cluster.nodes:
+        if node.node_id not in shard:
+            assert bus_publishes(node) == heard[node.node_id], node
+
+
+def test_waiters_on_every_primary_are_woken_each_through_its_shard(on_cluster):
+    """One subscribed connection per shard, each read by its own thread: waiters on locks of
+    all three primaries are woken together when another process releases them."""
+    names = names_on_every_primary(on_cluster, count=6)
+    with held_elsewhere(on_cluster, *names) as release:
+        waiting = [wait_in_thread(name) for name in names]
+        client = topology_clients.current
+        for name in names:
+            wait_for(lambda n=name: client.llen(keyspace().queue(n)) == 1, what="the waiters")
+        listener = runtime.target().listener
+        assert isinstance(listener, ShardedListener)
+        readers = {reader.node.port for reader in listener.readers()}
+        assert readers == {node.port for node in on_cluster.primaries()}
+        released_at = release()
+        for thread, _ in waiting:
+            thread.join(10)
+    latencies = [acquired[0] - released_at for _, acquired in waiting if acquired]
+    assert len(latencies) == len(names)
+    assert max(latencies) < 1.0, latencies
+
+
+def test_a_shard_connection_is_never_evicted(on_cluster):
+    """Each shard's subscribed connection asked ``CLIENT NO-EVICT on`` before it subscribed."""
+    name = "shard-no-evict"
+    primary = on_cluster.primary_for(keyspace().lock(name))
+    with held_elsewhere(on_cluster, name) as release:
+        thread, _ = wait_in_thread(name)
+        client = topology_clients.current
+        wait_for(lambda: client.llen(keyspace().queue(name)) == 1, what="the waiter")
+        subscribed = [c for c in primary.admin().client_list() if int(c.get("ssub", 0)) > 0]
+        release()
+        thread.join(10)
+    assert subscribed and all("e" in c["flags"] for c in subscribed), subscribed
+
+
 def test_semaphores_statistics_and_async_on_a_cluster(on_cluster):
     import asyncio
 
@@ -167,6 +306,36 @@ def test_a_killed_primary_fails_over_and_waiters_acquire_or_fail_cleanly(on_fres
     assert not thread.is_alive()
     assert result.get("acquired") is True, result
     assert result["took"] < 20  # type: ignore[operator]
+
+
+def test_after_a_failover_a_waiters_shard_subscription_follows_its_slot(on_fresh_cluster):
+    """The waiter's shard connection dies with its primary: it is made again on the promoted
+    replica, which then carries the hand-off of another process to the waiter at once."""
+    cluster = on_fresh_cluster
+    name = "failover-shard"
+    old = cluster.primary_for(keyspace().lock(name))
+    replica = cluster.replicas_of(old)[0]
+    channel = runtime.target().wake_prefix(name) + runtime.token
+    with held_elsewhere(cluster, name) as release:
+        thread, acquired = wait_in_thread(name, timeout=10)
+        client = topology_clients.current
+        wait_for(lambda: client.llen(keyspace().queue(name)) == 1, what="the waiter")
+        written = int(old.info("replication")["master_repl_offset"])
+        wait_for(
+            lambda: int(replica.info("replication")["slave_repl_offset"]) >= written,
+            what="the replica to have the lock and the queue",
+        )
+        cluster.kill(old)
+        new = cluster.wait_failover(old)
+        wait_for(
+            lambda: new.command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1,
+            15,
+            what="the waiter's shard subscription on the promoted replica",
+        )
+        assert not acquired  # still held by the other process
+        released_at = release()
+        thread.join(15)
+    assert acquired and acquired[0] - released_at < 1.0
 
 
 def test_moved_and_ask_during_a_reshard_leak_no_error_and_duplicate_no_lock(on_fresh_cluster):
