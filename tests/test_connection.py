@@ -355,7 +355,9 @@ def test_the_lean_transport_keeps_one_connection_per_thread_and_gives_it_back(le
     for _ in range(50):
         lock.acquire()
         lock.release()
-    assert _connections(redis_client) == before  # the same kept connection every call
+    # The same kept connection every call: no new one (an earlier test's idle clients may close
+    # meanwhile, so the count can only be bounded from above).
+    assert _connections(redis_client) <= before
 
     def cycles() -> None:
         mine = Lock("lean-kept")
