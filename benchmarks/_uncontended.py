@@ -129,6 +129,10 @@ class AdHocScript:
 
     #: Not a server command standing in for a script (``scripts.Command``): a script.
     command: str | None = None
+    #: Not in the Functions library (``scripts.LIBRARY``): the transport runs it with EVALSHA.
+    function = ""
+    #: Expires no hash fields (no server-feature argument appended).
+    field_ttl = False
 
     def __init__(self, source: str, filename: str = "benchmark.lua") -> None:
         import hashlib

@@ -129,7 +129,8 @@ class Script:
     #: Not a script: the name of a server command run in its place (see :class:`Command`).
     command: str | None = None
 
-    #: The script's function in :data:`LIBRARY` (set when the library is built).
+    #: The script's function in :data:`LIBRARY` (set when the library is built); "": not in the
+    #: library, so it always runs with ``EVALSHA``.
     function: str = ""
     #: Whether the script expires hash fields where the server can (``expire_fields`` in
     #: ``_library.lua``): the transport then appends ``"ttl:1"`` or ``"ttl:0"`` to its arguments.

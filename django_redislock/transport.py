@@ -334,7 +334,7 @@ class RedisPyTransport:
         args = (*args, *self.scripts.extra(script))
         if script.command is not None:
             pipe.execute_command(script.command, *keys, *args)
-        elif self.scripts.functions:
+        elif self.scripts.functions and script.function:
             pipe.execute_command(*self.scripts.fcall_args(script, keys, args))
         else:
             pipe.evalsha(script.sha, len(keys), *keys, *args)
@@ -342,7 +342,7 @@ class RedisPyTransport:
     def _load(self, client: Any, script: Script) -> None:
         """Make ``script`` runnable on ``client``'s server before a pipeline sends it: the
         library where the server has Functions (deciding which it has), else the script."""
-        if self.scripts.functions is not False:
+        if self.scripts.functions is not False and script.function:
             try:
                 self.scripts.load(client)
                 self.scripts.functions = True
@@ -668,7 +668,7 @@ class _Scripts:
         try:
             if script.command is not None:
                 return client.execute_command(script.command, *keys, *args)
-            if self.functions is not False:
+            if self.functions is not False and script.function:
                 try:
                     return self._fcall(client, script, keys, args)
                 except redis_errors.ResponseError as exc:
@@ -711,7 +711,7 @@ class _Scripts:
         try:
             if script.command is not None:
                 return await client.execute_command(script.command, *keys, *args)
-            if self.functions is not False:
+            if self.functions is not False and script.function:
                 try:
                     return await self._afcall(client, script, keys, args)
                 except redis_errors.ResponseError as exc:

@@ -247,3 +247,22 @@ def test_a_server_without_functions_runs_evalsha(redis_factory, binary):
     assert transport.scripts.functions is False
     calls = _calls(client)
     assert calls.get("evalsha") == 4  # NOSCRIPT once, then three runs
+
+
+def test_a_script_outside_the_library_runs_with_evalsha(redis_factory):
+    """A script no function stands for (``function`` ""): EVALSHA even where functions run."""
+    import hashlib
+
+    from django_redislock.transport import RedisPyTransport
+
+    server = redis_factory(binary=with_functions()).start()
+    client = server.client()
+    outside = scripts.Script.__new__(scripts.Script)
+    outside.filename, outside.source = "outside.lua", "return 7"
+    outside.sha = hashlib.sha1(outside.source.encode()).hexdigest()
+    transport = RedisPyTransport(client)
+    assert _reset_a_rate(transport) == 0  # the library is loaded and used
+    assert transport.run(outside, [], [], "run a script of one's own") == 7
+    assert transport.scripts.functions is True
+    calls = _calls(client)
+    assert calls.get("evalsha") == 2 and calls.get("script|load") == 1, calls
