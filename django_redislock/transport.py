@@ -43,7 +43,7 @@ from redis import exceptions as redis_errors
 from django_redislock import client as redis_client
 from django_redislock import connection
 from django_redislock.exceptions import LockBackendError
-from django_redislock.scripts import Script
+from django_redislock.scripts import LIBRARY, Script
 from django_redislock.wakeups import DEFAULT_REPLY_TIMEOUT
 
 __all__ = [
@@ -575,6 +575,11 @@ def _not_loaded(reply: object) -> bool:
     return isinstance(reply, redis_errors.NoScriptError) or _function_missing(reply)
 
 
+def _loaded_already(exc: BaseException) -> bool:
+    """``FUNCTION LOAD``'s answer when another process loaded the same library first."""
+    return "already exists" in str(exc)
+
+
 def _function_missing(exc: object) -> bool:
     """``FCALL`` of a function the server does not have (a new or flushed server): nothing ran."""
     return isinstance(exc, redis_errors.ResponseError) and "Function not found" in str(exc)
@@ -636,21 +641,17 @@ class _Scripts:
     def load(self, client: Any) -> None:
         """``FUNCTION LOAD`` the library (every primary of a Cluster); another process having
         just loaded it is no error."""
-        from django_redislock.scripts import LIBRARY
-
         try:
             client.function_load(LIBRARY.source)
         except redis_errors.ResponseError as exc:
-            if "already exists" not in str(exc):
+            if not _loaded_already(exc):
                 raise
 
     async def aload(self, client: Any) -> None:
-        from django_redislock.scripts import LIBRARY
-
         try:
             await client.function_load(LIBRARY.source)
         except redis_errors.ResponseError as exc:
-            if "already exists" not in str(exc):
+            if not _loaded_already(exc):
                 raise
 
     def unavailable(self, exc: BaseException) -> bool:
@@ -697,8 +698,10 @@ class _Scripts:
             try:
                 reply = client.execute_command(*command, target_nodes=node)
             except (redis_errors.ConnectionError, redis_errors.TimeoutError):
-                # A named node gets no retry from redis-py; resend as its Cluster retry would
-                # (the scripts are idempotent per attempt id), letting it find the node again.
+                # A named node gets no retry from redis-py: resend once, unnamed, as redis-py's
+                # Cluster retry resends any command it routes itself (what EVALSHA got there).
+                # The lock scripts are idempotent per attempt id; a rate decision is not, the
+                # same exposure as through redis-py's own retry.
                 reply = client.execute_command(*command)
         self.functions = True
         return reply
